@@ -1,0 +1,5 @@
+"""Every GPU kernel of tinyvllm, one file per family, each with its numpy reference twin.
+
+Each module reads like a lesson: the math in the module docstring, the `cuda.jit` kernel, a small
+launcher that picks the grid and returns a device array, and `*_ref`, the numpy twin the tests use.
+"""

@@ -1,0 +1,33 @@
+"""What every kernel file shares: the `cuda` module, which side we run on, and a jit that works on both.
+
+numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set before numba is imported) runs one Python thread per
+CUDA thread. It has no warp shuffles and rejects some jit options, so kernels use shared-memory
+reductions and this `jit` drops the options the simulator does not know.
+
+No module here may have "numba.cuda" in its dotted name (e.g. kernels_numba.cuda_x): numba-cuda's
+import redirector hijacks such names and recurses forever.
+"""
+import math
+
+from numba import cuda
+
+SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
+
+_GPU_ONLY_OPTIONS = ("lineinfo", "launch_bounds", "max_registers", "lto", "forceinline")
+
+
+def jit(*args, **options):
+    """`cuda.jit` with GPU-only options filtered out in the simulator."""
+    if SIMULATOR:
+        for name in _GPU_ONLY_OPTIONS:
+            options.pop(name, None)
+        options.pop("cache", None)
+    return cuda.jit(*args, **options)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))

@@ -1,0 +1,18 @@
+"""Tests run in numba's CUDA simulator unless TINYVLLM_TEST_GPU=1 (then on the real GPU)."""
+import os
+import sys
+
+if os.environ.get("TINYVLLM_TEST_GPU") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# The simulator's syncthreads waits on Python thread switches: a shorter interval makes it 2-4x faster.
+sys.setswitchinterval(1e-3)
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator per test, seeded from the test's name so failures reproduce."""
+    seed = abs(hash(request.node.nodeid)) % (2**32)
+    return np.random.default_rng(seed)
