@@ -1,0 +1,125 @@
+"""Build a Hugging Face tokenizer.json for Llama 3 from Meta's tiktoken file (shipped by `llama-models`).
+
+Meta's tokenizer.model holds one "base64(token bytes) rank" line per regular token; ids are the ranks.
+A HF byte-level BPE needs two more things that file does not state:
+- each byte spelled as a printable unicode character (GPT-2's byte-to-unicode table), and
+- a merge list. tiktoken merges, at every step, the adjacent pair whose concatenation has the lowest rank.
+  We reproduce that rule (as transformers' TikTokenConverter does) by emitting, for every token, each split
+  into two pieces that are themselves tokens, ordered by the rank of the whole token. With ignore_merges a
+  pre-tokenized piece that is already a token maps to it directly, as tiktoken does.
+The tests use this file so they need no download and no gated Hugging Face repo.
+"""
+import base64
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+LLAMA3_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+NUM_SPECIAL_TOKENS = 256
+BOS_TOKEN = "<|begin_of_text|>"
+# Named special tokens by offset from the first special id (128000); every other slot is reserved.
+NAMED_SPECIAL_TOKENS = {
+    0: "<|begin_of_text|>", 1: "<|end_of_text|>", 4: "<|finetune_right_pad_id|>",
+    6: "<|start_header_id|>", 7: "<|end_header_id|>", 8: "<|eom_id|>", 9: "<|eot_id|>", 10: "<|python_tag|>",
+}
+
+
+def meta_tokenizer_model_path() -> Path | None:
+    """Meta's Llama 3 tokenizer.model inside the installed `llama-models` package, or None without it.
+    Found without importing the package (its modules import tiktoken, which the tests do not need)."""
+    spec = importlib.util.find_spec("llama_models")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "llama3" / "tokenizer.model"
+    return path if path.is_file() else None
+
+
+def read_tiktoken_ranks(path) -> dict[bytes, int]:
+    ranks = {}
+    for line in Path(path).read_text().splitlines():
+        if line:
+            token_b64, rank = line.split()
+            ranks[base64.b64decode(token_b64)] = int(rank)
+    assert sorted(ranks.values()) == list(range(len(ranks))), "ranks must be the ids 0..n-1"
+    return ranks
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's table: printable bytes stand for themselves, the other 68 map to chr(256 + k) in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    others = [b for b in range(256) if b not in table]
+    table.update({b: chr(256 + k) for k, b in enumerate(others)})
+    return table
+
+
+def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """Every split of every token into two tokens, lowest whole-token rank first (ties: lower left, right rank)."""
+    keyed = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ranks and right in ranks:
+                keyed.append((rank, ranks[left], ranks[right], left, right))
+    keyed.sort(key=lambda k: k[:3])
+    return [(left, right) for _, _, _, left, right in keyed]
+
+
+def special_token_names() -> list[str]:
+    reserved = iter(range(NUM_SPECIAL_TOKENS))
+    return [NAMED_SPECIAL_TOKENS.get(i) or f"<|reserved_special_token_{next(reserved)}|>"
+            for i in range(NUM_SPECIAL_TOKENS)]
+
+
+def build_llama3_tokenizer(tiktoken_path=None) -> Tokenizer:
+    tiktoken_path = tiktoken_path or meta_tokenizer_model_path()
+    assert tiktoken_path is not None, "llama-models is not installed: no Llama 3 tokenizer.model"
+    ranks = read_tiktoken_ranks(tiktoken_path)
+    to_unicode = byte_to_unicode()
+
+    def spell(token: bytes) -> str:
+        return "".join(to_unicode[b] for b in token)
+
+    vocab = {spell(token): rank for token, rank in ranks.items()}
+    merges = [(spell(left), spell(right)) for left, right in merges_from_ranks(ranks)]
+    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    names = special_token_names()
+    tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in names])
+    bos_id = len(ranks)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN}:1 $B:1", special_tokens=[(BOS_TOKEN, bos_id)])
+    assert [tokenizer.token_to_id(name) for name in names] == list(range(bos_id, bos_id + NUM_SPECIAL_TOKENS))
+    return tokenizer
+
+
+def build_llama3_tokenizer_json(out_path) -> Path:
+    """Write the Llama 3 tokenizer.json to out_path and return the path."""
+    out_path = Path(out_path)
+    build_llama3_tokenizer().save(str(out_path))
+    return out_path
+
+
+@pytest.fixture(scope="session")
+def llama3_model_dir(tmp_path_factory) -> Path:
+    """A model directory holding only the Llama 3 tokenizer: tokenizer.json built from Meta's file and the
+    Instruct model's tokenizer_config.json essentials (bos, eos, chat template). Built once per session."""
+    if meta_tokenizer_model_path() is None:
+        pytest.skip("llama-models (Meta's Llama 3 tokenizer.model) is not installed")
+    from tinyvllm.chat_template import LLAMA32_CHAT_TEMPLATE
+
+    model_dir = tmp_path_factory.mktemp("llama3_tokenizer")
+    build_llama3_tokenizer_json(model_dir / "tokenizer.json")
+    config = {"bos_token": BOS_TOKEN, "eos_token": "<|eot_id|>", "chat_template": LLAMA32_CHAT_TEMPLATE}
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    return model_dir
