@@ -1,0 +1,71 @@
+"""Elementwise MLP pieces: the SwiGLU gate and the residual add, all float32.
+
+    silu_mul:  out = silu(gate) * up,  silu(g) = g / (1 + exp(-g))        residual_add:  out = x + residual
+
+Launch layout: a 2-D grid, one thread per element; x (fastest) along a row, y over rows.
+silu is evaluated so exp never overflows: for g < 0 it uses the equal form g * e / (1 + e), e = exp(g).
+"""
+import math
+
+import numpy as np
+
+from .common import cuda, jit, cdiv
+
+THREADS_X = 64
+THREADS_Y = 4
+
+
+@jit(device=True)
+def silu(g):
+    if g >= np.float32(0.0):
+        return g / (np.float32(1.0) + np.float32(math.exp(-g)))
+    e = np.float32(math.exp(g))  # math.exp of a float32 gives float64 in the simulator: cast back
+    return g * e / (np.float32(1.0) + e)
+
+
+@jit
+def silu_mul_kernel(gate, up, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = silu(gate[row, col]) * up[row, col]
+
+
+@jit
+def residual_add_kernel(x, residual, out):
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        out[row, col] = x[row, col] + residual[row, col]
+
+
+def _launch(kernel, a, b, out):
+    assert a.ndim == 2 and a.shape == b.shape, (a.shape, b.shape)
+    out = cuda.device_array(a.shape, np.float32) if out is None else out
+    assert out.shape == a.shape, (out.shape, a.shape)
+    if a.size:
+        n_rows, n_cols = a.shape
+        kernel[(cdiv(n_cols, THREADS_X), cdiv(n_rows, THREADS_Y)), (THREADS_X, THREADS_Y)](a, b, out)
+    return out
+
+
+def silu_mul(gate, up, out=None):
+    """gate, up float32 [T, I] -> silu(gate) * up, float32 [T, I] (device arrays)."""
+    return _launch(silu_mul_kernel, gate, up, out)
+
+
+def residual_add(x, residual, out=None):
+    """x, residual float32 [T, H] -> x + residual (device arrays); out may be x or residual."""
+    return _launch(residual_add_kernel, x, residual, out)
+
+
+def silu_ref(g: np.ndarray) -> np.ndarray:
+    g = g.astype(np.float32)
+    e = np.exp(-np.abs(g))  # exp of a non-positive number: never overflows
+    return np.where(g >= 0, g / (np.float32(1) + e), g * e / (np.float32(1) + e)).astype(np.float32)
+
+
+def silu_mul_ref(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return silu_ref(gate) * up.astype(np.float32)
+
+
+def residual_add_ref(x: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) + residual.astype(np.float32)

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+from kernels_numba.bf16 import f32_to_bf16_ref
+from kernels_numba.common import cuda
+from kernels_numba.embedding import embedding, embedding_ref, take_rows, take_rows_ref
+from tests.helpers import poisoned
+
+VOCAB, HIDDEN = 301, 67
+
+
+def _table_bits(rng):
+    return f32_to_bf16_ref(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32))
+
+
+def test_embedding_gathers_decoded_rows_bit_exact(rng):
+    table = _table_bits(rng)
+    ids = np.concatenate([rng.integers(0, VOCAB, 5), [0, VOCAB - 1, 3, 3]]).astype(np.int32)
+    out = poisoned((len(ids), HIDDEN), np.float32)
+    got = embedding(cuda.to_device(ids), cuda.to_device(table), out=out).copy_to_host()
+    # A gather plus an exact bf16 decode: nothing is rounded, so the match must be exact.
+    np.testing.assert_array_equal(got, embedding_ref(ids, table))
+
+
+def test_embedding_writes_nan_for_ids_outside_the_table(rng):
+    table = _table_bits(rng)
+    ids = np.array([-1, VOCAB, 2], dtype=np.int32)
+    # A finite fill, so "wrote NaN" differs from "did not write".
+    out = cuda.to_device(np.full((3, HIDDEN), 7.0, dtype=np.float32))
+    got = embedding(cuda.to_device(ids), cuda.to_device(table), out=out).copy_to_host()
+    assert np.isnan(got[:2]).all()
+    np.testing.assert_array_equal(got[2], embedding_ref(ids, table)[2])
+
+
+@pytest.mark.parametrize("rows", [[4, 0, 8], [8], [2, 2, 5, 1]])
+def test_take_rows_bit_exact(rng, rows):
+    x = rng.standard_normal((9, HIDDEN)).astype(np.float32)
+    rows = np.array(rows, dtype=np.int32)
+    out = poisoned((len(rows), HIDDEN), np.float32)
+    got = take_rows(cuda.to_device(x), cuda.to_device(rows), out=out).copy_to_host()
+    np.testing.assert_array_equal(got, x[rows])
+    np.testing.assert_array_equal(got, take_rows_ref(x, rows))
+
+
+def test_launchers_allocate_out_when_not_given(rng):
+    table = _table_bits(rng)
+    ids = np.array([5, 1], dtype=np.int32)
+    got = embedding(cuda.to_device(ids), cuda.to_device(table)).copy_to_host()
+    np.testing.assert_array_equal(got, embedding_ref(ids, table))
+    picked = take_rows(cuda.to_device(got), cuda.to_device(np.array([1], dtype=np.int32))).copy_to_host()
+    np.testing.assert_array_equal(picked, got[1:])
