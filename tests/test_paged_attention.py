@@ -1,0 +1,242 @@
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from kernels_numba.common import cdiv, cuda
+from kernels_numba.paged_attention import (
+    QTILE, build_prefill_tiles, paged_attention_decode, paged_attention_decode_ref, paged_attention_prefill,
+    paged_attention_ref, write_kv_paged, write_kv_paged_ref)
+from tests.helpers import poisoned
+
+UNIT_ROUNDOFF = 2.0**-24
+HUGE_KEY = np.float32(1e30)  # if ever read, its score swamps every real key and the NaN value behind it wins
+LOG_F32_MAX = np.log(np.finfo(np.float32).max)  # ~88.7: exp of a score above this overflows float32
+SPARE_BLOCKS = 3  # physical blocks no block table reaches: they stay poisoned
+
+# (block_size, n_heads, n_kv_heads, head_dim): block sizes 4 and 16, GQA ratios 1, 2, 3, 3, head dims 12 and 16
+LAYOUTS = [(4, 2, 2, 16), (16, 4, 2, 12), (4, 6, 2, 12), (16, 3, 1, 16)]
+
+
+@dataclass
+class SeqSpec:
+    length: int                 # tokens in the pool after this step
+    cached: int                 # tokens already in the pool before it (the rest arrive now)
+    share_from: int = -1        # another sequence whose first `shared_blocks` physical blocks this one reuses
+    shared_blocks: int = 0
+
+
+def _scenario(name: str, block_size: int) -> list[SeqSpec]:
+    if name == "decode":  # lengths 1, a partial block, one and several full tiles, odd tails
+        return [SeqSpec(n, n - 1) for n in (1, 6, 16, 21, 33)]
+    if name == "whole_prompt":
+        return [SeqSpec(3, 0), SeqSpec(16, 0), SeqSpec(21, 0)]
+    if name == "chunked":  # second chunks of prompts whose first chunk is in the pool; one decode-like query
+        return [SeqSpec(21, 9), SeqSpec(30, 16), SeqSpec(7, 6)]
+    if name == "shared_prefix":  # sequences 1 and 2 hit sequence 0's cached prefix blocks
+        shared = cdiv(9, block_size)
+        prefix = shared * block_size
+        return [SeqSpec(23, 17), SeqSpec(prefix + 11, prefix, 0, shared), SeqSpec(prefix + 2, prefix, 0, shared)]
+    raise ValueError(name)
+
+
+@dataclass
+class Step:
+    """Host inputs of one forward step over a paged pool."""
+    q: np.ndarray             # [T, n_heads, hd], the new tokens' queries
+    k: np.ndarray             # [T + 1, n_kv, hd]: the new tokens' keys plus one padding row (slot -1)
+    v: np.ndarray
+    slot_mapping: np.ndarray  # [T + 1]
+    k_pool: np.ndarray        # before the write: cached tokens real, everything else poisoned
+    v_pool: np.ndarray
+    block_tables: np.ndarray
+    query_seq: np.ndarray     # [T]
+    query_pos: np.ndarray     # [T]
+
+
+def _step(rng, specs, block_size, n_heads, n_kv_heads, head_dim, shuffle=True) -> Step:
+    """Random shuffled block tables over a pool where every entry no test writes is a huge key and a NaN value."""
+    own_blocks = [cdiv(s.length, block_size) - s.shared_blocks for s in specs]
+    num_blocks = sum(own_blocks) + SPARE_BLOCKS
+    free = list(rng.permutation(num_blocks))
+    block_tables = np.full((len(specs), max(cdiv(s.length, block_size) for s in specs) + 1), -1, np.int32)
+    for i, (spec, own) in enumerate(zip(specs, own_blocks)):
+        shared = list(block_tables[spec.share_from, : spec.shared_blocks]) if spec.shared_blocks else []
+        assert all(b >= 0 for b in shared) and spec.cached >= spec.shared_blocks * block_size
+        block_tables[i, : spec.shared_blocks + own] = shared + [free.pop() for _ in range(own)]
+
+    shape = (num_blocks, block_size, n_kv_heads, head_dim)
+    k_pool, v_pool = np.full(shape, HUGE_KEY, np.float32), np.full(shape, np.nan, np.float32)
+    slots, query_seq, query_pos = [], [], []
+    for i, spec in enumerate(specs):
+        for pos in range(spec.length):
+            block, offset = block_tables[i, pos // block_size], pos % block_size
+            if pos >= spec.cached:
+                slots.append(block * block_size + offset)
+                query_seq.append(i)
+                query_pos.append(pos)
+            elif pos >= spec.shared_blocks * block_size:  # shared positions were written by their owner
+                assert np.isnan(v_pool[block, offset]).all(), "two sequences own one slot"
+                k_pool[block, offset] = rng.standard_normal((n_kv_heads, head_dim))
+                v_pool[block, offset] = rng.standard_normal((n_kv_heads, head_dim))
+    order = rng.permutation(len(slots)) if shuffle else np.arange(len(slots))
+    num_tokens = len(slots)
+    padding_at = rng.integers(0, num_tokens + 1)
+    return Step(
+        q=rng.standard_normal((num_tokens, n_heads, head_dim)).astype(np.float32),
+        k=rng.standard_normal((num_tokens + 1, n_kv_heads, head_dim)).astype(np.float32),
+        v=rng.standard_normal((num_tokens + 1, n_kv_heads, head_dim)).astype(np.float32),
+        slot_mapping=np.insert(np.array(slots, np.int32)[order], padding_at, -1).astype(np.int32),
+        k_pool=k_pool, v_pool=v_pool, block_tables=block_tables,
+        query_seq=np.array(query_seq, np.int32)[order], query_pos=np.array(query_pos, np.int32)[order])
+
+
+def _write(step: Step):
+    """write_kv_paged on the device; checks the pools bit-exactly and returns the device and host pools."""
+    d_k_pool, d_v_pool = cuda.to_device(step.k_pool), cuda.to_device(step.v_pool)
+    write_kv_paged(cuda.to_device(step.k), cuda.to_device(step.v), d_k_pool, d_v_pool,
+                   cuda.to_device(step.slot_mapping))
+    want_k_pool, want_v_pool = write_kv_paged_ref(step.k, step.v, step.k_pool, step.v_pool, step.slot_mapping)
+    # A copy is bit-exact; the padding row lands nowhere and every other entry keeps its poison (NaN == NaN here).
+    np.testing.assert_array_equal(d_k_pool.copy_to_host(), want_k_pool)
+    np.testing.assert_array_equal(d_v_pool.copy_to_host(), want_v_pool)
+    return d_k_pool, d_v_pool, want_k_pool, want_v_pool
+
+
+def _gather(pool, block_tables, seq, n_keys):
+    blocks = block_tables[seq, : cdiv(n_keys, pool.shape[1])]
+    return pool[blocks].reshape(-1, *pool.shape[2:])[:n_keys]
+
+
+def _tolerance(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale):
+    """Per-(query, head) bound on |kernel - float64 reference|, from the float32 error sources.
+
+    Each float32 score (q*scale rounded, then a head_dim dot) is off by at most
+    E = gamma_{hd+1} * scale * max_j sum_d |q_d k_jd|. Shifting every score by at most E moves each normalised
+    softmax weight by a factor within exp(+-2E), so the output moves by at most expm1(2E) * max|v|.
+    The float32 exps, the rescales (per key in decode, per key tile in prefill) and the two running sums (l
+    and the accumulator) over p+1 keys add a relative error of a few ulps per key: (2(p+1) + 10) * 4u * max|v|
+    covers them with room (4u allows for a 2-ulp expf on the GPU). Scores of O(1) give ~1e-5; O(1000), ~1e-3.
+    """
+    num_tokens, n_heads, head_dim = q.shape
+    group = n_heads // k_pool.shape[2]
+    terms = head_dim + 1
+    gamma = terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF)
+    tol = np.empty((num_tokens, n_heads, 1))
+    for t in range(num_tokens):
+        n_keys = query_pos[t] + 1
+        keys = np.abs(_gather(k_pool, block_tables, query_seq[t], n_keys).astype(np.float64))
+        values = np.abs(_gather(v_pool, block_tables, query_seq[t], n_keys).astype(np.float64))
+        for h in range(n_heads):
+            score_err = gamma * scale * (keys[:, h // group] @ np.abs(q[t, h].astype(np.float64))).max()
+            tail = (2 * n_keys + 10) * 4 * UNIT_ROUNDOFF
+            tol[t, h] = (np.expm1(2 * score_err) + tail) * values[:, h // group].max()
+    return tol
+
+
+def _stretch(step: Step, scale, q_gain, score_offset):
+    """q_gain stretches the gaps between scores; score_offset adds the same constant to every real score
+    (softmax ignores it, a naive exp does not). Poisoned keys stay poisoned."""
+    step.q *= np.float32(q_gain)
+    if score_offset:
+        step.k[..., 0] = 1.0
+        step.k_pool[..., 0][step.k_pool[..., 0] != HUGE_KEY] = 1.0
+        step.q[..., 0] = score_offset / scale
+
+
+def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0):
+    """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores."""
+    decode = scenario == "decode"
+    step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
+                 shuffle=not decode)
+    scale = 1.0 / np.sqrt(head_dim)
+    _stretch(step, scale, q_gain, score_offset)
+    d_k_pool, d_v_pool, k_pool, v_pool = _write(step)
+    d_q, d_tables = cuda.to_device(step.q), cuda.to_device(step.block_tables)
+    out = poisoned(step.q.shape, np.float32)
+
+    if decode:
+        assert (step.query_seq == np.arange(len(step.q))).all()
+        context_lens = (step.query_pos + 1).astype(np.int32)
+        got = paged_attention_decode(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(context_lens), scale,
+                                     out=out)
+        want = paged_attention_decode_ref(step.q, k_pool, v_pool, step.block_tables, context_lens, scale)
+    else:
+        d_seq, d_pos = cuda.to_device(step.query_seq), cuda.to_device(step.query_pos)
+        # whole_prompt lets the launcher build the tiles; the others pass them prebuilt, as a runner would
+        tiles = None if scenario == "whole_prompt" else build_prefill_tiles(d_seq, d_pos)
+        got = paged_attention_prefill(d_q, d_k_pool, d_v_pool, d_tables, d_seq, d_pos, scale, out=out,
+                                      tiles=tiles)
+        want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
+                                   scale)
+    assert got is out
+    got = out.copy_to_host()
+    assert np.isfinite(want).all(), "the reference itself read a poisoned pool entry"
+    assert np.isfinite(got).all(), "the kernel left an output unwritten, read a poisoned entry or overflowed"
+    err = np.abs(got.astype(np.float64) - want)
+    tol = _tolerance(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos, scale)
+    assert (err <= tol).all(), f"max err {err.max()}, worst err/tol {(err / tol).max()}"
+
+    group = n_heads // n_kv_heads
+    return [_gather(k_pool, step.block_tables, s, p + 1)[:, h // group] @ step.q[t, h] * scale
+            for t, (s, p) in enumerate(zip(step.query_seq, step.query_pos)) for h in range(n_heads)]
+
+
+@pytest.mark.parametrize("block_size, n_heads, n_kv_heads, head_dim", LAYOUTS)
+def test_decode_matches_ref(rng, block_size, n_heads, n_kv_heads, head_dim):
+    _check(rng, "decode", block_size, n_heads, n_kv_heads, head_dim)
+
+
+# Each prefill scenario runs on two layouts (one per block size) to keep the simulator time down.
+@pytest.mark.parametrize("scenario, layout", [
+    ("whole_prompt", LAYOUTS[0]), ("whole_prompt", LAYOUTS[1]),
+    ("chunked", LAYOUTS[2]), ("chunked", LAYOUTS[3]),
+    ("shared_prefix", LAYOUTS[1]), ("shared_prefix", LAYOUTS[2])])
+def test_prefill_matches_ref(rng, scenario, layout):
+    _check(rng, scenario, *layout)
+
+
+@pytest.mark.parametrize("scenario", ["decode", "chunked"])
+def test_stable_with_huge_score_gaps(rng, scenario):
+    # Scores spread over +-1000s: the running max must rise and rescale, and exp(m_old - m_new) underflows to 0.
+    scores = _check(rng, scenario, 4, 6, 2, 16, q_gain=300.0)
+    assert max(np.abs(s).max() for s in scores) > 2 * LOG_F32_MAX, "scores too small to prove anything"
+
+
+@pytest.mark.parametrize("score_offset", [600.0, -600.0])
+@pytest.mark.parametrize("scenario", ["decode", "chunked"])
+def test_stable_when_every_naive_exp_overflows_or_underflows(rng, scenario, score_offset):
+    # Every score is 600 +- O(1) (or -600 +- O(1)): exp(score) is inf (or 0, so 0/0) for all keys in float32,
+    # yet the softmax weights are well mixed, so the result must still match the reference closely.
+    scores = _check(rng, scenario, 16, 4, 2, 12, score_offset=score_offset)
+    assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
+
+
+def test_prefill_tiles_cover_each_query_once_within_one_sequence(rng):
+    query_seq = np.repeat(np.array([2, 0, 1], np.int32), [QTILE + 3, 1, 2 * QTILE])
+    query_pos = np.concatenate([np.arange(5, 5 + QTILE + 3), [7], np.arange(2 * QTILE)]).astype(np.int32)
+    order = rng.permutation(len(query_seq))
+    query_seq, query_pos = query_seq[order], query_pos[order]
+    tiles = build_prefill_tiles(cuda.to_device(query_seq), cuda.to_device(query_pos))
+    tokens, positions = tiles.tokens.copy_to_host(), tiles.positions.copy_to_host()
+    seqs, key_len = tiles.seq.copy_to_host(), tiles.key_len.copy_to_host()
+    assert tiles.num_tiles == 2 + 1 + 2  # ceil(19/16) + 1 + 32/16: no tile mixes sequences
+    real = tokens >= 0
+    assert sorted(tokens[real]) == list(range(len(query_seq)))
+    assert ((positions >= 0) == real).all()
+    for i in range(tiles.num_tiles):
+        members = tokens[i][real[i]]
+        assert (query_seq[members] == seqs[i]).all()
+        assert (query_pos[members] == positions[i][real[i]]).all()
+        assert key_len[i] == positions[i].max() + 1
+
+
+def test_rejects_head_dim_beyond_local_accumulator():
+    q = cuda.to_device(np.ones((1, 1, 264), np.float32))
+    pool = cuda.to_device(np.ones((1, 4, 1, 264), np.float32))
+    table = cuda.to_device(np.zeros((1, 1), np.int32))
+    ones = cuda.to_device(np.ones(1, np.int32))
+    with pytest.raises(AssertionError):
+        paged_attention_decode(q, pool, pool, table, ones, 1.0)
+    with pytest.raises(AssertionError):
+        paged_attention_prefill(q, pool, pool, table, ones, ones, 1.0)
