@@ -1,0 +1,175 @@
+"""Paged KV-cache bookkeeping (host side): which device blocks each sequence owns, plus a prefix cache.
+
+The device pool is [num_blocks, block_size, ...]; the token at position p of a sequence lives at
+slot = block_table[p // block_size] * block_size + p % block_size.
+
+Blocks are ref-counted. Unreferenced blocks sit in an LRU free queue (freed blocks go to the tail,
+allocation takes from the head). With prefix caching a FULL block is named by a chained hash of its
+token ids, hash(parent block's hash, token ids), so equal hashes mean equal whole prefixes. A freed
+full block keeps its hash and can be reused by a later sequence with the same prefix until it is
+taken from the free queue for new data (evicted).
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .sequence import Sequence
+
+
+def block_hash(parent_hash: bytes | None, token_ids: tuple[int, ...]) -> bytes:
+    """A stable chained hash (sha256, not Python's per-process salted hash())."""
+    h = hashlib.sha256(parent_hash or b"")
+    h.update(struct.pack(f"<{len(token_ids)}i", *token_ids))
+    return h.digest()
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None          # set once the block is full and committed
+    token_ids: tuple[int, ...] = ()    # the ids behind `hash`, to confirm a hit (never trust the hash alone)
+
+    def reset(self) -> None:
+        self.hash = None
+        self.token_ids = ()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
+        assert num_blocks > 0 and block_size > 0
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block: dict[bytes, int] = {}
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # ---- sizes and stats -------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by some sequence."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prefix-cache hits over lookups, in tokens. A lookup that the scheduler rolls back because the
+        pool was full is counted again when it is retried."""
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        """Index of the token at `position` in the flattened [num_blocks * block_size] pool."""
+        block_id = seq.block_table[position // self.block_size]
+        return block_id * self.block_size + position % self.block_size
+
+    # ---- debugger view ---------------------------------------------------------------------
+    def is_cached(self, block_id: int) -> bool:
+        block = self.blocks[block_id]
+        return block.hash is not None and self.hash_to_block.get(block.hash) == block_id
+
+    def block_states(self) -> list[str]:
+        """Per block: "used" (referenced), "cached" (free but reusable by a prefix hit) or "free"."""
+        return ["used" if b.ref_count else "cached" if self.is_cached(b.block_id) else "free"
+                for b in self.blocks]
+
+    def ref_counts(self) -> list[int]:
+        return [b.ref_count for b in self.blocks]
+
+    # ---- prefix cache ----------------------------------------------------------------------
+    def lookup_prefix(self, seq: Sequence) -> int:
+        """Give a sequence with no blocks yet the cached blocks of its longest cached prefix.
+
+        Looks up the sequence's full blocks of known tokens (the prompt, or for a preempted sequence
+        the prompt plus its generated tokens), but never all of them: at least the last known token
+        must be computed to produce logits, so the hit stops at the last full block boundary below
+        num_tokens. Sets num_computed_tokens and num_cached_tokens to the hit length and returns it.
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if not self.enable_prefix_caching:
+            return 0
+        self.prefix_query_tokens += seq.num_tokens
+        bs = self.block_size
+        parent = None
+        hits = []
+        for i in range((seq.num_tokens - 1) // bs):
+            token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            parent = block_hash(parent, token_ids)
+            block_id = self.hash_to_block.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != token_ids:
+                break
+            hits.append(block_id)
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+        seq.block_table = hits
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * bs
+        self.prefix_hit_tokens += seq.num_cached_tokens
+        return seq.num_cached_tokens
+
+    def commit(self, seq: Sequence) -> None:
+        """Register every block of seq that has become full (all block_size tokens computed)."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        parent = None
+        for i in range(seq.num_computed_tokens // bs):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+                block.hash, block.token_ids = block_hash(parent, token_ids), token_ids
+                # Two sequences may compute the same prefix at once: the first registered copy stays.
+                self.hash_to_block.setdefault(block.hash, block.block_id)
+            parent = block.hash
+
+    # ---- allocation ------------------------------------------------------------------------
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grow seq.block_table to cover num_computed_tokens + num_new_tokens tokens.
+
+        Returns False, changing nothing, when there are not enough free blocks."""
+        num_tokens = seq.num_computed_tokens + num_new_tokens
+        assert num_new_tokens > 0 and num_tokens <= seq.num_tokens
+        missing = self.blocks_needed(num_tokens) - len(seq.block_table)
+        if missing > self.num_free_blocks:
+            return False
+        for _ in range(missing):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[block_id]
+            assert block.ref_count == 0
+            if self.is_cached(block_id):  # evict: its old contents are about to be overwritten
+                del self.hash_to_block[block.hash]
+            block.reset()
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's blocks. Last blocks first, so they sit nearer the head and are evicted first."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0 and block_id not in self.free_queue
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def check_invariants(self) -> None:
+        for block in self.blocks:
+            assert block.ref_count >= 0, block
+            assert (block.ref_count == 0) == (block.block_id in self.free_queue), block
+        for h, block_id in self.hash_to_block.items():
+            assert self.blocks[block_id].hash == h
