@@ -17,7 +17,14 @@ _GPU_ONLY_OPTIONS = ("lineinfo", "launch_bounds", "max_registers", "lto", "force
 
 
 def jit(*args, **options):
-    """`cuda.jit` with GPU-only options filtered out in the simulator."""
+    """`cuda.jit` with GPU-only options filtered out in the simulator.
+
+    In the simulator a device function (`device=True`) stays a plain Python function: the simulator's
+    device-function wrapper costs ~6 us a call, which made every bf16 weight decode the slowest thing in a
+    forward pass. So device functions must be pure arithmetic (no `cuda.*` inside); kernels may use anything.
+    """
+    if SIMULATOR and options.get("device"):
+        return (lambda fn: fn) if not args else args[0]
     if SIMULATOR:
         for name in _GPU_ONLY_OPTIONS:
             options.pop(name, None)
