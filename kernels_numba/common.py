@@ -32,6 +32,19 @@ def jit(*args, **options):
     return cuda.jit(*args, **options)
 
 
+# In the simulator a thread costs ~0.3 ms to start and a loop iteration ~2 us, and nothing runs in
+# parallel: grid-stride kernels get a small grid there (2 blocks x 4 threads, so block and grid
+# striding are still exercised) and one thread per item on the GPU.
+SIMULATOR_GRID = (2, 4)
+
+
+def grid_stride_launch(n_items: int, threads_per_block: int = 256) -> tuple[int, int]:
+    """(blocks, threads) for a kernel that loops `for i in range(cuda.grid(1), n_items, cuda.gridsize(1))`."""
+    if SIMULATOR:
+        return SIMULATOR_GRID
+    return max(1, cdiv(n_items, threads_per_block)), threads_per_block
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
