@@ -1,0 +1,46 @@
+"""The `tinyvllm` command: output on the demo model, and a one-line message (no traceback) for bad input."""
+
+import pytest
+
+from tinyvllm.cli import main
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+def test_generate_prints_each_prompt_and_its_continuation(capsys):
+    code, out, err = run(capsys, "generate", "--prompt", "The sun", "--prompt", "Hi", "--max-tokens", "2",
+                         "--max-model-len", "16")
+    assert code == 0, err
+    assert "[0] 'The sun'" in out and "[1] 'Hi'" in out and out.count("(2 tokens, length)") == 2
+    assert "tok/s" in err
+
+def test_generate_chat_wraps_the_prompt_in_the_template(capsys):
+    code, out, err = run(capsys, "generate", "--chat", "--prompt", "Hi", "--max-tokens", "1")
+    assert code == 0, err
+    assert "(1 tokens" in out
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--prompt", "x", "--model", "/nonexistent"], "model directory not found: /nonexistent"),
+    (["generate"], "no prompt given"),
+    (["generate", "--prompt", "x", "--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["generate", "--prompt", "x", "--prompts-file", "/nonexistent.txt"], "cannot read prompts file"),
+    (["generate", "--prompt", "x", "--max-model-len", "999999"], "max_seq_len must be in 1..2048"),
+    (["check-goldens", "--goldens", "/nonexistent.npz"], "golden file not found"),
+])
+def test_bad_input_gets_one_clear_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 1
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+def test_a_broken_model_dir_names_the_file(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    code, out, err = run(capsys, "generate", "--prompt", "x", "--model", str(tmp_path))
+    assert code == 1 and "config.json" in err and "Traceback" not in err
+
+def test_a_prompt_longer_than_the_context_is_reported_and_the_rest_run(capsys):
+    code, out, err = run(capsys, "generate", "--prompt", "The sun rose over the town", "--prompt", "Hi",
+                         "--max-tokens", "1", "--max-model-len", "4")
+    assert code == 1
+    assert "error: prompt has" in out and "(1 tokens, length)" in out

@@ -1,0 +1,186 @@
+"""The one forward pass of a Llama model, as a sequence of kernel launches that can be stepped.
+
+`ModelRunner.forward_stages(batch)` is a generator: it launches the kernels of one stage, yields a
+`Stage` (its name, the kernel that ran, its output device array), and goes on when asked for the next.
+`generate`, `check-goldens` and the debugger all drive this same generator; `forward` just drains it.
+
+Per layer (HF LlamaDecoderLayer):
+    x = rmsnorm(h) ; q, k, v = rope(x Wq), rope(x Wk), x Wv ; a = attention(q, KV cache) ;
+    h = h + a Wo ; x = rmsnorm(h) ; h = h + (silu(x Wg) * (x Wu)) Wd
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from kernels_numba.activation import residual_add, silu_mul
+from kernels_numba.attention import attention, write_kv
+from kernels_numba.common import cuda
+from kernels_numba.embedding import embedding, take_rows
+from kernels_numba.matmul import linear
+from kernels_numba.rmsnorm import rmsnorm
+from kernels_numba.rope import rope
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+@dataclass
+class LayerWeights:
+    input_norm: object
+    q_proj: object
+    k_proj: object
+    v_proj: object
+    o_proj: object
+    post_norm: object
+    gate_proj: object
+    up_proj: object
+    down_proj: object
+
+
+@dataclass
+class DeviceWeights:
+    """Every weight of the model on the device, as uint16 bf16 bit patterns, uploaded once."""
+    embed_tokens: object
+    layers: list[LayerWeights]
+    norm: object
+    lm_head: object
+
+    @classmethod
+    def upload(cls, config: ModelConfig, host: dict[str, np.ndarray],
+               progress: Callable[[int, int], None] | None = None) -> "DeviceWeights":
+        total = len(host)
+        uploaded = {}
+        for done, (name, array) in enumerate(host.items(), 1):
+            uploaded[name] = cuda.to_device(np.ascontiguousarray(array))
+            if progress:
+                progress(done, total)
+
+        def layer(i: int) -> LayerWeights:
+            p = f"model.layers.{i}."
+            return LayerWeights(
+                input_norm=uploaded[p + "input_layernorm.weight"],
+                q_proj=uploaded[p + "self_attn.q_proj.weight"],
+                k_proj=uploaded[p + "self_attn.k_proj.weight"],
+                v_proj=uploaded[p + "self_attn.v_proj.weight"],
+                o_proj=uploaded[p + "self_attn.o_proj.weight"],
+                post_norm=uploaded[p + "post_attention_layernorm.weight"],
+                gate_proj=uploaded[p + "mlp.gate_proj.weight"],
+                up_proj=uploaded[p + "mlp.up_proj.weight"],
+                down_proj=uploaded[p + "mlp.down_proj.weight"],
+            )
+
+        embed = uploaded["model.embed_tokens.weight"]
+        lm_head = embed if config.tie_word_embeddings else uploaded["lm_head.weight"]
+        return cls(embed_tokens=embed, layers=[layer(i) for i in range(config.num_hidden_layers)],
+                   norm=uploaded["model.norm.weight"], lm_head=lm_head)
+
+
+@dataclass
+class ForwardBatch:
+    """What one forward step processes: T tokens flattened across sequences (the per-step context)."""
+    token_ids: np.ndarray    # int32 [T]
+    positions: np.ndarray    # int32 [T], each token's position in its sequence
+    seq_slots: np.ndarray    # int32 [T], each token's sequence row in the KV cache
+    logits_rows: np.ndarray  # int32 [B], which of the T tokens get logits (e.g. each sequence's last)
+
+    def __post_init__(self):
+        self.token_ids = np.ascontiguousarray(self.token_ids, dtype=np.int32)
+        self.positions = np.ascontiguousarray(self.positions, dtype=np.int32)
+        self.seq_slots = np.ascontiguousarray(self.seq_slots, dtype=np.int32)
+        self.logits_rows = np.ascontiguousarray(self.logits_rows, dtype=np.int32)
+        n = len(self.token_ids)
+        assert n > 0 and len(self.positions) == n and len(self.seq_slots) == n
+        assert len(self.logits_rows) > 0 and self.logits_rows.min() >= 0 and self.logits_rows.max() < n
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Stage:
+    """One step of the forward pass: what ran and what it produced (a device array)."""
+    name: str              # e.g. "layers.3.q", see docs/architecture.md
+    kernel: str            # the launcher that produced it, e.g. "matmul.linear + rope.rope"
+    output: object         # device array
+    layer: int | None = None
+    seconds: float = 0.0   # host wall time of the launches (synchronised)
+
+    def to_host(self) -> np.ndarray:
+        return self.output.copy_to_host()
+
+
+@dataclass
+class ModelRunner:
+    """Owns the device side of one model: its weights, its KV cache and the RoPE frequencies."""
+    config: ModelConfig
+    weights: DeviceWeights
+    kv_cache: KVCache
+    inv_freq: np.ndarray  # float32 [head_dim / 2], from kernels_numba.rope.rope_inv_freq
+
+    def __post_init__(self):
+        self.inv_freq = cuda.to_device(self.inv_freq)
+        self.attention_scale = np.float32(self.config.head_dim ** -0.5)
+
+    def forward(self, batch: ForwardBatch):
+        """Run the whole forward pass; return the logits device array [len(logits_rows), vocab]."""
+        stages = self.forward_stages(batch)
+        while True:
+            try:
+                next(stages)
+            except StopIteration as done:
+                return done.value
+
+    def forward_stages(self, batch: ForwardBatch, all_logits: bool = False) -> Iterator[Stage]:
+        """Yield each stage in order; the generator's return value is the logits device array.
+
+        With `all_logits`, logits are computed for every token (golden checks), else only for
+        `batch.logits_rows`.
+        """
+        c, w_all = self.config, self.weights
+        T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        eps = c.rms_norm_eps
+        token_ids = cuda.to_device(batch.token_ids)
+        positions = cuda.to_device(batch.positions)
+        seq_slots = cuda.to_device(batch.seq_slots)
+
+        h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens))
+        for i, w in enumerate(w_all.layers):
+            cache_k, cache_v = self.kv_cache.layer(i)
+            name = f"layers.{i}.".__add__
+            x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
+            q = yield from _stage(name("q"), "matmul.linear + rope.rope", lambda: rope(
+                linear(x, w.q_proj).reshape(T, nh, hd), positions, self.inv_freq), i)
+            k = yield from _stage(name("k"), "matmul.linear + rope.rope", lambda: rope(
+                linear(x, w.k_proj).reshape(T, nkv, hd), positions, self.inv_freq), i)
+            v = yield from _stage(name("v"), "matmul.linear", lambda: linear(x, w.v_proj).reshape(T, nkv, hd), i)
+
+            def attend():
+                write_kv(k, v, cache_k, cache_v, seq_slots, positions)
+                out = attention(q, cache_k, cache_v, seq_slots, positions, self.attention_scale)
+                return out.reshape(T, nh * hd)
+            a = yield from _stage(name("attn"), "attention.write_kv + attention.attention", attend, i)
+            o = yield from _stage(name("o_proj"), "matmul.linear", lambda: linear(a, w.o_proj), i)
+            h = yield from _stage(name("attn_residual"), "activation.residual_add", lambda: residual_add(o, h), i)
+            x = yield from _stage(name("post_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.post_norm, eps), i)
+            m = yield from _stage(name("mlp"), "matmul.linear x3 + activation.silu_mul", lambda: linear(
+                silu_mul(linear(x, w.gate_proj), linear(x, w.up_proj)), w.down_proj), i)
+            h = yield from _stage(name("output"), "activation.residual_add", lambda: residual_add(m, h), i)
+        x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
+        if not all_logits:
+            x = take_rows(x, cuda.to_device(batch.logits_rows))
+        logits = yield from _stage("logits", "matmul.linear", lambda: linear(x, w_all.lm_head))
+        return logits
+
+
+def _stage(name: str, kernel: str, launch: Callable[[], object], layer: int | None = None):
+    """Run one stage's launches, synchronise, yield the Stage, and hand its output back to the caller."""
+    start = time.perf_counter()
+    output = launch()
+    cuda.synchronize()
+    yield Stage(name, kernel, output, layer, time.perf_counter() - start)
+    return output
