@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import cuda
-from kernels_numba.sampling import argmax, argmax_ref
+from kernels_numba.sampling import (argmax, argmax_ref, keep_mask_ref, mix32, order_key, sample,
+                                    sample_ref, stream_key)
 from tests.helpers import poisoned
 
 VOCAB = 301
@@ -55,3 +56,174 @@ def test_argmax_matches_torch(rng):
 def test_argmax_rejects_non_power_of_two_block(rng):
     with pytest.raises(AssertionError, match="power of two"):
         argmax(cuda.to_device(np.ones((1, 4), np.float32)), threads=48)
+
+
+# ---- sampling ---------------------------------------------------------------------------------------------
+SAMPLE_DTYPES = (np.float32, np.int32, np.float32, np.uint64, np.int32)  # temperature, top_k, top_p, seed, step
+
+
+def _launch(logits, temperatures, top_ks, top_ps, seeds, steps, threads=None, seed_dtype=np.uint64):
+    n_rows = len(logits)
+    dtypes = SAMPLE_DTYPES[:3] + (seed_dtype, np.int32)
+    params = [cuda.to_device(np.broadcast_to(np.asarray(value, dtype), (n_rows,)).copy())
+              for value, dtype in zip((temperatures, top_ks, top_ps, seeds, steps), dtypes)]
+    out = poisoned((n_rows,), np.int32)
+    return sample(cuda.to_device(np.asarray(logits, np.float32)), *params, out=out, threads=threads).copy_to_host()
+
+
+def _mixed_rows(rng, vocab):
+    """One row per filter combination, with -inf (masked) logits and ties at the top-k threshold."""
+    logits = (3 * rng.standard_normal((8, vocab))).astype(np.float32)
+    logits[3, rng.choice(vocab, vocab // 3, replace=False)] = -np.inf
+    if vocab >= 10:
+        order = np.argsort(logits[4])[::-1]
+        logits[4, order[5:9]] = logits[4, order[5]]   # 4 values tied at ranks 6..9: top-k 7 keeps all 9
+    params = dict(  # greedy, neither, top-k, top-p, top-k with ties, both, k >= V (off), tiny top-p
+        temperatures=[0.0, 1.0, 0.7, 1.3, 2.0, 0.9, 1.1, 3.0],
+        top_ks=[5, -1, 20, 0, 7, 12, vocab, -1],
+        top_ps=[0.5, 1.0, 1.0, 0.8, 1.0, 0.6, 0.9, 1e-6],
+        seeds=rng.integers(0, 2**63, 8, dtype=np.uint64),
+        steps=rng.integers(0, 1000, 8))
+    return logits, params
+
+
+@pytest.mark.parametrize("vocab, threads", [(301, None), (97, 1), (5, 8)])
+def test_sample_matches_ref_exactly(rng, vocab, threads):
+    logits, params = _mixed_rows(rng, vocab)
+    got = _launch(logits, **params, threads=threads)
+    want = sample_ref(logits, **params)
+    np.testing.assert_array_equal(got, want)  # exact: same survivors (integer masses), same noise bits
+    keep = keep_mask_ref(logits, params["temperatures"], params["top_ks"], params["top_ps"])
+    assert keep[np.arange(len(got)), got].all()
+    if vocab > 100:  # the filters did filter, so the checks above could fail
+        assert (keep.sum(axis=1)[2:6] < vocab // 2).all() and keep[4].sum() == 9, keep.sum(axis=1)
+        assert keep[7].sum() == 1 and got[7] == argmax_ref(logits)[7]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the simulator's x / T, on purpose
+def test_greedy_and_non_finite_rows_give_argmax(rng):
+    logits = _tricky_rows(rng)
+    n_rows = len(logits)
+    got = _launch(logits, 0.0, 5, 0.5, 7, 3)
+    np.testing.assert_array_equal(got, argmax_ref(logits))  # temperature 0: argmax's answer, ties and NaN too
+    # A scaled max that is not finite (NaN, +inf, all -inf, or x / T overflowing) is sampling's T -> 0 limit
+    rows = [4, 5, 6, 7, 8]
+    temperatures = [1.0, 1.0, 1.0, 1.0, 1e-10]   # row 8 holds ~1e30: / 1e-10 overflows to inf
+    got = _launch(logits[rows], temperatures, -1, 1.0, np.arange(5), 0)
+    np.testing.assert_array_equal(got, argmax_ref(logits[rows]))
+    np.testing.assert_array_equal(sample_ref(logits[rows], temperatures, -1, 1.0, np.arange(5), 0), got)
+    assert n_rows == 9
+
+
+def test_top_k_1_is_argmax(rng):
+    logits = rng.standard_normal((5, 131)).astype(np.float32)  # continuous values: no tie at the max
+    got = _launch(logits, [0.5, 1.0, 2.0, 10.0, 100.0], 1, [1.0, 0.3, 1.0, 0.9, 1.0], np.arange(5) + 11, 2)
+    np.testing.assert_array_equal(got, argmax_ref(logits))
+
+
+def test_same_seed_and_step_same_ids_else_different(rng):
+    logits = np.tile(rng.standard_normal(53).astype(np.float32), (11, 1))
+    # rows 0-4: one seed, steps 0..4; rows 5-9: seeds 0..4, step 0; row 10 repeats row 0's (seed, step)
+    seeds = np.array([1234] * 5 + [0, 7919, 15838, 23757, 31676] + [1234])
+    steps = np.array([0, 1, 2, 3, 4] + [0] * 5 + [0])
+    first = _launch(logits, 2.0, 40, 1.0, seeds, steps, threads=1)
+    again = _launch(logits, 2.0, 40, 1.0, seeds, steps, threads=1, seed_dtype=np.int64)
+    np.testing.assert_array_equal(again, first)  # int64 seeds hash as the same uint64 values
+    assert first[10] == first[0]
+    # T = 2 over 40 tokens: the likeliest has probability < 0.2, so 5 equal draws would mean the seed or
+    # the step does not reach the noise (P < 2e-3 for a working path; the hash makes the outcome fixed).
+    assert len(set(first[:5])) > 1 and len(set(first[5:10])) > 1
+    np.testing.assert_array_equal(first, sample_ref(logits, 2.0, 40, 1.0, seeds, steps))
+
+
+def test_sampled_ids_are_survivors(rng):
+    logits = (2 * rng.standard_normal((1, 61))).astype(np.float32)
+    settings = [(3.0, 10, 1.0), (3.0, -1, 0.5), (5.0, 8, 0.7), (0.5, 0, 0.95)]
+    for temperature, top_k, top_p in settings:
+        keep = keep_mask_ref(logits, temperature, top_k, top_p)[0]
+        assert keep.sum() < 30  # a hot temperature makes escaping the filter likely if it were broken
+        ids = sample_ref(np.repeat(logits, 300, axis=0), temperature, top_k, top_p, 99, np.arange(300))
+        assert keep[ids].all(), (temperature, top_k, top_p, sorted(set(ids) - set(np.flatnonzero(keep))))
+        assert len(set(ids)) > 1
+    n = 16
+    seeds, steps = rng.integers(0, 2**63, n, dtype=np.uint64), rng.integers(0, 2**31, n)
+    temperature, top_k, top_p = zip(*[settings[i % len(settings)] for i in range(n)])
+    got = _launch(np.repeat(logits, n, axis=0), temperature, top_k, top_p, seeds, steps, threads=1)
+    keep = keep_mask_ref(np.repeat(logits, n, axis=0), temperature, top_k, top_p)
+    assert keep[np.arange(n), got].all()
+    np.testing.assert_array_equal(got, sample_ref(np.repeat(logits, n, axis=0), temperature, top_k, top_p,
+                                                  seeds, steps))
+
+
+def _survivor_softmax(logits_row, temperature, keep):
+    z = np.where(keep, logits_row.astype(np.float64) / temperature, -np.inf)
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+# A filtered row costs ~65 simulated barriers (bisections), an unfiltered one ~6: fewer kernel draws there.
+@pytest.mark.parametrize("temperature, top_k, top_p, n_kernel", [(0.8, 6, 0.9, 40), (1.5, -1, 1.0, 300)])
+def test_draws_follow_softmax_of_survivors(temperature, top_k, top_p, n_kernel):
+    logits = np.array([[1.0, -0.5, 2.0, 0.3, -2.0, 1.5, 0.0, -1.0]], np.float32)
+    keep = keep_mask_ref(logits, temperature, top_k, top_p)[0]
+    want = _survivor_softmax(logits[0], temperature, keep)
+    n_ref = 4000
+    ids = sample_ref(np.repeat(logits, n_ref, axis=0), temperature, top_k, top_p, 2024, np.arange(n_ref))
+    freq = np.bincount(ids, minlength=8) / n_ref
+    # Each frequency is binomial: std sqrt(p(1-p)/n). A correct sampler stays within 5 std of every p with
+    # probability > 1 - 8 * 6e-7; the draws are a fixed function of (seed, step), so this never flakes.
+    bound = 5 * np.sqrt(want * (1 - want) / n_ref) + 1e-12
+    assert (np.abs(freq - want) <= bound).all(), (freq, want, bound)
+    assert (freq[~keep] == 0).all()
+    if top_k > 0:
+        assert 2 <= keep.sum() < top_k  # top-p cut further than top-k: both filters are on the path
+    # Through the kernel: fewer draws (simulated), the same bound at its count, and equal to the twin's.
+    got = _launch(np.repeat(logits, n_kernel, axis=0), temperature, top_k, top_p, 2024, np.arange(n_kernel),
+                  threads=1)
+    np.testing.assert_array_equal(got, ids[:n_kernel])
+    freq = np.bincount(got, minlength=8) / n_kernel
+    assert (np.abs(freq - want) <= 5 * np.sqrt(want * (1 - want) / n_kernel) + 1e-12).all(), (freq, want)
+
+
+def test_keep_mask_matches_transformers_warpers(rng):
+    torch = pytest.importorskip("torch")
+    logits_process = pytest.importorskip("transformers.generation.logits_process")
+    logits = (3 * rng.standard_normal((6, 211))).astype(np.float32)
+    for row, (temperature, top_k, top_p) in enumerate([(1.0, 50, 1.0), (0.7, 0, 0.9), (1.3, 30, 0.8),
+                                                       (2.0, 5, 0.5), (0.5, 0, 0.3), (1.0, 100, 0.99)]):
+        scores = torch.from_numpy(logits[row:row + 1].copy())
+        scores = logits_process.TemperatureLogitsWarper(temperature)(None, scores)
+        if top_k > 0:
+            scores = logits_process.TopKLogitsWarper(top_k)(None, scores)
+        scores = logits_process.TopPLogitsWarper(top_p)(None, scores)
+        want = torch.isfinite(scores)[0].numpy()
+        np.testing.assert_array_equal(keep_mask_ref(logits[row:row + 1], temperature, top_k, top_p)[0], want,
+                                      err_msg=f"row {row}: T={temperature} top_k={top_k} top_p={top_p}")
+
+
+def test_order_key_sorts_like_floats(rng):
+    values = np.concatenate([rng.standard_normal(200) * 10.0 ** rng.integers(-40, 38, 200),
+                             [0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, -3.4e38]]).astype(np.float32)
+    keys = order_key(values)
+    a, b = np.meshgrid(np.arange(len(values)), np.arange(len(values)))
+    np.testing.assert_array_equal(keys[a] < keys[b], values[a] < values[b])   # ordering, -0.0 == +0.0
+    assert all(order_key(v) == k for v, k in zip(values[:20], keys[:20]))     # scalar path == array path
+
+
+def test_hash_is_injective_where_it_must_be():
+    x = np.arange(200_000, dtype=np.uint64) * np.uint64(2654435761) & np.uint64(0xFFFFFFFF)
+    assert len(np.unique(mix32(x))) == len(np.unique(x))                # a bijection on 32 bits
+    keys = {int(stream_key(np.uint64(7), step, np.uint64(1))) for step in range(3000)}
+    assert len(keys) == 3000                                             # every step its own noise
+    assert stream_key(np.uint64(7), 5, np.uint64(1)) != stream_key(np.uint64(8), 5, np.uint64(1))
+
+
+def test_sample_rejects_bad_inputs(rng):
+    logits = cuda.to_device(rng.standard_normal((2, 9)).astype(np.float32))
+    ok = [cuda.to_device(np.ones(2, dtype)) for dtype in SAMPLE_DTYPES]
+    with pytest.raises(AssertionError, match="temperatures: dtype"):
+        sample(logits, cuda.to_device(np.ones(2)), *ok[1:])
+    with pytest.raises(AssertionError, match="steps: shape"):
+        sample(logits, *ok[:4], cuda.to_device(np.ones(3, np.int32)))
+    with pytest.raises(AssertionError, match="power of two"):
+        sample(logits, *ok, threads=24)
