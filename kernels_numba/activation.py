@@ -2,17 +2,17 @@
 
     silu_mul:  out = silu(gate) * up,  silu(g) = g / (1 + exp(-g))        residual_add:  out = x + residual
 
-Launch layout: a 2-D grid, one thread per element; x (fastest) along a row, y over rows.
+Launch layout: one thread per element on the GPU, grid-stride so the simulator can run a small grid;
+item i is (row i // n_cols, column i % n_cols), so consecutive threads touch consecutive columns.
 silu is evaluated so exp never overflows: for g < 0 it uses the equal form g * e / (1 + e), e = exp(g).
 """
 import math
 
 import numpy as np
 
-from .common import cuda, jit, cdiv
+from .common import cuda, jit, grid_stride_launch
 
-THREADS_X = 64
-THREADS_Y = 4
+THREADS = 256
 
 
 @jit(device=True)
@@ -25,15 +25,19 @@ def silu(g):
 
 @jit
 def silu_mul_kernel(gate, up, out):
-    col, row = cuda.grid(2)
-    if row < out.shape[0] and col < out.shape[1]:
+    n_cols = out.shape[1]
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        row = i // n_cols
+        col = i % n_cols
         out[row, col] = silu(gate[row, col]) * up[row, col]
 
 
 @jit
 def residual_add_kernel(x, residual, out):
-    col, row = cuda.grid(2)
-    if row < out.shape[0] and col < out.shape[1]:
+    n_cols = out.shape[1]
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        row = i // n_cols
+        col = i % n_cols
         out[row, col] = x[row, col] + residual[row, col]
 
 
@@ -42,8 +46,8 @@ def _launch(kernel, a, b, out):
     out = cuda.device_array(a.shape, np.float32) if out is None else out
     assert out.shape == a.shape, (out.shape, a.shape)
     if a.size:
-        n_rows, n_cols = a.shape
-        kernel[(cdiv(n_cols, THREADS_X), cdiv(n_rows, THREADS_Y)), (THREADS_X, THREADS_Y)](a, b, out)
+        blocks, threads = grid_stride_launch(a.size, THREADS)
+        kernel[blocks, threads](a, b, out)
     return out
 
 

@@ -5,18 +5,19 @@
 
 KV cache per layer: k_cache, v_cache float32 [max_seqs, max_seq_len, n_kv_heads, head_dim]; the token at
 position p of the sequence in slot s lives at [s, p].
+Both kernels give one thread per item on the GPU and loop grid-stride, so the simulator can run a small grid.
 - `write_kv`: one thread per (token, kv head, d) copies k and v into the cache.
 - `attention`: one thread per (token, head) walks keys 0..p once, keeping a running max m, a running sum l
   and the head_dim accumulator in a cuda.local.array. When a score raises m, l and the accumulator are
   rescaled by exp(m_old - m_new), so exp never sees a positive argument and cannot overflow. The same
   kernel serves prefill (write_kv of the whole prompt, then every position as a query) and decode (one
-  query per sequence at its newest position). Grid: cdiv(T * n_heads, THREADS) blocks of THREADS threads.
+  query per sequence at its newest position). Grid: grid_stride_launch(T * n_heads, THREADS).
 """
 import math
 
 import numpy as np
 
-from .common import cuda, jit, cdiv
+from .common import cuda, jit, grid_stride_launch
 
 THREADS = 128
 MAX_HEAD_DIM = 256  # size of the per-thread accumulator: cuda.local.array needs a compile-time size
@@ -24,57 +25,53 @@ MAX_HEAD_DIM = 256  # size of the per-thread accumulator: cuda.local.array needs
 
 @jit
 def write_kv_kernel(k, v, k_cache, v_cache, seq_slots, positions):
-    i = cuda.grid(1)
     num_tokens, n_kv_heads, head_dim = k.shape
-    if i >= num_tokens * n_kv_heads * head_dim:
-        return
-    t = i // (n_kv_heads * head_dim)
-    kv_head = (i // head_dim) % n_kv_heads
-    d = i % head_dim
-    slot = seq_slots[t]
-    pos = positions[t]
-    k_cache[slot, pos, kv_head, d] = k[t, kv_head, d]
-    v_cache[slot, pos, kv_head, d] = v[t, kv_head, d]
+    for i in range(cuda.grid(1), num_tokens * n_kv_heads * head_dim, cuda.gridsize(1)):
+        t = i // (n_kv_heads * head_dim)
+        kv_head = (i // head_dim) % n_kv_heads
+        d = i % head_dim
+        slot = seq_slots[t]
+        pos = positions[t]
+        k_cache[slot, pos, kv_head, d] = k[t, kv_head, d]
+        v_cache[slot, pos, kv_head, d] = v[t, kv_head, d]
 
 
 @jit
 def attention_kernel(q, k_cache, v_cache, seq_slots, positions, scale, out):
-    i = cuda.grid(1)
     num_tokens, n_heads, head_dim = q.shape
-    if i >= num_tokens * n_heads:
-        return
-    t = i // n_heads
-    h = i % n_heads
-    kv_head = h // (n_heads // k_cache.shape[2])
-    slot = seq_slots[t]
-    pos = positions[t]
-
     q_scaled = cuda.local.array(MAX_HEAD_DIM, np.float32)
     acc = cuda.local.array(MAX_HEAD_DIM, np.float32)
-    for d in range(head_dim):
-        q_scaled[d] = q[t, h, d] * scale  # scale once here, so each score is a plain dot product
-        acc[d] = np.float32(0.0)
-    running_max = np.float32(-math.inf)
-    running_sum = np.float32(0.0)
+    for i in range(cuda.grid(1), num_tokens * n_heads, cuda.gridsize(1)):
+        t = i // n_heads
+        h = i % n_heads
+        kv_head = h // (n_heads // k_cache.shape[2])
+        slot = seq_slots[t]
+        pos = positions[t]
 
-    for j in range(pos + 1):  # the causal mask: nothing past position p is ever read
-        score = np.float32(0.0)
         for d in range(head_dim):
-            score += q_scaled[d] * k_cache[slot, j, kv_head, d]
-        if score > running_max:
-            correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
-            running_sum *= correction
+            q_scaled[d] = q[t, h, d] * scale  # scale once here, so each score is a plain dot product
+            acc[d] = np.float32(0.0)
+        running_max = np.float32(-math.inf)
+        running_sum = np.float32(0.0)
+
+        for j in range(pos + 1):  # the causal mask: nothing past position p is ever read
+            score = np.float32(0.0)
             for d in range(head_dim):
-                acc[d] *= correction
-            running_max = score
-        weight = np.float32(math.exp(score - running_max))
-        running_sum += weight
-        for d in range(head_dim):
-            acc[d] += weight * v_cache[slot, j, kv_head, d]
+                score += q_scaled[d] * k_cache[slot, j, kv_head, d]
+            if score > running_max:
+                correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
+                running_sum *= correction
+                for d in range(head_dim):
+                    acc[d] *= correction
+                running_max = score
+            weight = np.float32(math.exp(score - running_max))
+            running_sum += weight
+            for d in range(head_dim):
+                acc[d] += weight * v_cache[slot, j, kv_head, d]
 
-    inv_sum = np.float32(1.0) / running_sum
-    for d in range(head_dim):
-        out[t, h, d] = acc[d] * inv_sum
+        inv_sum = np.float32(1.0) / running_sum
+        for d in range(head_dim):
+            out[t, h, d] = acc[d] * inv_sum
 
 
 def _check_cache(k_cache, v_cache, seq_slots, positions, num_tokens):
@@ -89,7 +86,8 @@ def write_kv(k, v, k_cache, v_cache, seq_slots, positions):
     assert k.shape == v.shape and k.shape[1:] == k_cache.shape[2:], (k.shape, v.shape, k_cache.shape)
     _check_cache(k_cache, v_cache, seq_slots, positions, k.shape[0])
     if k.size > 0:
-        write_kv_kernel[cdiv(k.size, THREADS), THREADS](k, v, k_cache, v_cache, seq_slots, positions)
+        blocks, threads = grid_stride_launch(k.size, THREADS)
+        write_kv_kernel[blocks, threads](k, v, k_cache, v_cache, seq_slots, positions)
 
 
 def attention(q, k_cache, v_cache, seq_slots, positions, scale, out=None):
@@ -103,7 +101,8 @@ def attention(q, k_cache, v_cache, seq_slots, positions, scale, out=None):
     out = cuda.device_array(q.shape, np.float32) if out is None else out
     assert out.shape == q.shape and out.dtype == np.float32, (out.shape, out.dtype)
     if num_tokens > 0:
-        attention_kernel[cdiv(num_tokens * n_heads, THREADS), THREADS](
+        blocks, threads = grid_stride_launch(num_tokens * n_heads, THREADS)
+        attention_kernel[blocks, threads](
             q, k_cache, v_cache, seq_slots, positions, np.float32(scale), out)
     return out
 

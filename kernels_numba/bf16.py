@@ -4,12 +4,13 @@
     encode(x) = (u + 0x7FFF + ((u >> 16) & 1)) >> 16   with u = bits(x), and NaN -> 0x7FC0 (quiet NaN)
 
 Weights live on the device as uint16 bf16 bit patterns; kernels decode them to float32 on load
-(`bf16_to_f32` is the device function every weight-reading kernel calls). Layout: one thread per element.
+(`bf16_to_f32` is the device function every weight-reading kernel calls). Layout: one thread per element
+on the GPU, grid-stride so the simulator can run a small grid.
 """
 import numpy as np
 import ml_dtypes
 
-from .common import cuda, jit, cdiv
+from .common import cuda, jit, grid_stride_launch
 
 THREADS = 256
 
@@ -30,29 +31,29 @@ def f32_to_bf16(x):
 
 @jit
 def bf16_to_f32_kernel(src, dst):
-    i = cuda.grid(1)
-    if i < src.size:
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
         dst[i] = bf16_to_f32(src[i])
 
 
 @jit
 def f32_to_bf16_kernel(src, dst):
-    i = cuda.grid(1)
-    if i < src.size:
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
         dst[i] = f32_to_bf16(src[i])
 
 
 def bf16_to_f32_device(src_bits, out=None):
     """Decode a 1-D device array of uint16 bf16 bits into float32."""
     out = cuda.device_array(src_bits.shape, np.float32) if out is None else out
-    bf16_to_f32_kernel[cdiv(src_bits.size, THREADS), THREADS](src_bits, out)
+    blocks, threads = grid_stride_launch(src_bits.size, THREADS)
+    bf16_to_f32_kernel[blocks, threads](src_bits, out)
     return out
 
 
 def f32_to_bf16_device(src, out=None):
     """Encode a 1-D device array of float32 into uint16 bf16 bits (round to nearest even)."""
     out = cuda.device_array(src.shape, np.uint16) if out is None else out
-    f32_to_bf16_kernel[cdiv(src.size, THREADS), THREADS](src, out)
+    blocks, threads = grid_stride_launch(src.size, THREADS)
+    f32_to_bf16_kernel[blocks, threads](src, out)
     return out
 
 

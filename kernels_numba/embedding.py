@@ -2,7 +2,8 @@
 
     embedding:  out[t, :] = decode_bf16(table[ids[t], :])        take_rows:  out[b, :] = x[rows[b], :]
 
-Launch layout: a 2-D grid, one thread per output element; x (fastest) runs along the row, y over rows.
+Launch layout: one thread per output element on the GPU, grid-stride so the simulator can run a small
+grid; item i is (row i // H, column i % H), so consecutive threads read consecutive columns.
 The engine validates ids on the host; the kernels only guard against reading out of bounds and write
 NaN for a row whose index is outside the table, so a bad id shows up instead of reading a neighbour.
 """
@@ -11,16 +12,17 @@ import math
 import numpy as np
 
 from .bf16 import bf16_to_f32, bf16_to_f32_ref
-from .common import cuda, jit, cdiv
+from .common import cuda, jit, grid_stride_launch
 
-THREADS_X = 64
-THREADS_Y = 4
+THREADS = 256
 
 
 @jit
 def embedding_kernel(ids, table, out):
-    col, t = cuda.grid(2)
-    if t < out.shape[0] and col < out.shape[1]:
+    hidden = out.shape[1]
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        t = i // hidden
+        col = i % hidden
         row = ids[t]
         if 0 <= row < table.shape[0]:
             out[t, col] = bf16_to_f32(table[row, col])
@@ -30,17 +32,15 @@ def embedding_kernel(ids, table, out):
 
 @jit
 def take_rows_kernel(x, rows, out):
-    col, b = cuda.grid(2)
-    if b < out.shape[0] and col < out.shape[1]:
+    hidden = out.shape[1]
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        b = i // hidden
+        col = i % hidden
         row = rows[b]
         if 0 <= row < x.shape[0]:
             out[b, col] = x[row, col]
         else:
             out[b, col] = np.float32(math.nan)
-
-
-def _grid(n_rows: int, n_cols: int):
-    return (cdiv(n_cols, THREADS_X), cdiv(n_rows, THREADS_Y)), (THREADS_X, THREADS_Y)
 
 
 def embedding(ids, table_bits, out=None):
@@ -49,8 +49,8 @@ def embedding(ids, table_bits, out=None):
     out = cuda.device_array((n_tokens, hidden), np.float32) if out is None else out
     assert out.shape == (n_tokens, hidden), (out.shape, n_tokens, hidden)
     if n_tokens:
-        grid, block = _grid(n_tokens, hidden)
-        embedding_kernel[grid, block](ids, table_bits, out)
+        blocks, threads = grid_stride_launch(out.size, THREADS)
+        embedding_kernel[blocks, threads](ids, table_bits, out)
     return out
 
 
@@ -60,8 +60,8 @@ def take_rows(x, rows, out=None):
     out = cuda.device_array((n_rows, hidden), np.float32) if out is None else out
     assert out.shape == (n_rows, hidden), (out.shape, n_rows, hidden)
     if n_rows:
-        grid, block = _grid(n_rows, hidden)
-        take_rows_kernel[grid, block](x, rows, out)
+        blocks, threads = grid_stride_launch(out.size, THREADS)
+        take_rows_kernel[blocks, threads](x, rows, out)
     return out
 
 

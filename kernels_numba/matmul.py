@@ -5,7 +5,8 @@
 Two kernels, one job each:
 - `gemv` (decode, T <= MAX_GEMV_TOKENS): one thread per output feature n walks row n of W once and keeps T
   accumulators in registers, so every weight is read once for the whole batch. No shared memory, no
-  syncthreads. Grid: cdiv(N, THREADS) blocks of THREADS threads.
+  syncthreads. Grid: grid_stride_launch(N, THREADS): one thread per n on the GPU, grid-stride over n so the
+  simulator can run a small grid.
 - `gemm` (prefill, many tokens): classic shared-memory tiling. A TILE x TILE block owns the output tile
   out[by*TILE : +TILE, bx*TILE : +TILE]; it walks K a tile at a time, each thread loading one x value and one
   decoded weight into shared memory, so each global value is read once per tile instead of TILE times.
@@ -15,7 +16,7 @@ import numpy as np
 import ml_dtypes
 
 from .bf16 import bf16_to_f32
-from .common import cuda, jit, cdiv, SIMULATOR
+from .common import cuda, jit, cdiv, grid_stride_launch, SIMULATOR
 
 MAX_GEMV_TOKENS = 8  # the per-thread accumulator count: registers, so a small compile-time constant
 THREADS = 128
@@ -24,19 +25,17 @@ TILE = 16
 
 @jit
 def gemv_kernel(x, w_bits, out):
-    n = cuda.grid(1)
     num_tokens, in_features = x.shape
-    if n >= w_bits.shape[0]:
-        return
     acc = cuda.local.array(MAX_GEMV_TOKENS, np.float32)
-    for t in range(num_tokens):
-        acc[t] = np.float32(0.0)
-    for k in range(in_features):
-        w = bf16_to_f32(w_bits[n, k])
+    for n in range(cuda.grid(1), w_bits.shape[0], cuda.gridsize(1)):
         for t in range(num_tokens):
-            acc[t] += x[t, k] * w
-    for t in range(num_tokens):
-        out[t, n] = acc[t]
+            acc[t] = np.float32(0.0)
+        for k in range(in_features):
+            w = bf16_to_f32(w_bits[n, k])
+            for t in range(num_tokens):
+                acc[t] += x[t, k] * w
+        for t in range(num_tokens):
+            out[t, n] = acc[t]
 
 
 @jit
@@ -84,7 +83,8 @@ def gemv(x, w_bits, out=None):
     out = _check_shapes(x, w_bits, out)
     assert x.shape[0] <= MAX_GEMV_TOKENS, f"gemv takes at most {MAX_GEMV_TOKENS} tokens, got {x.shape[0]}"
     if x.shape[0] > 0:
-        gemv_kernel[cdiv(w_bits.shape[0], THREADS), THREADS](x, w_bits, out)
+        blocks, threads = grid_stride_launch(w_bits.shape[0], THREADS)
+        gemv_kernel[blocks, threads](x, w_bits, out)
     return out
 
 

@@ -9,11 +9,13 @@ KV pool per layer: k_pool, v_pool float32 [num_blocks, block_size, n_kv_heads, h
 -1 padded) lists its physical blocks in logical order, so blocks need not be contiguous and several
 sequences may share the same prefix blocks.
 
-- `write_kv_paged`: one thread per (token, kv head, d) copies k and v into their slot; slot -1 = padding, skipped.
+- `write_kv_paged`: copies k and v into their slot, one thread per (token, kv head, d) on the GPU (grid-stride,
+  so the simulator can run a small grid); slot -1 = padding, skipped.
 - `paged_attention_decode`: one query per sequence, at its newest position. One thread per (sequence, head)
   walks the sequence's blocks, keeping a running max m, a running sum l and the head_dim accumulator in a
   cuda.local.array; when a score raises m, l and the accumulator are rescaled by exp(m_old - m_new), so exp
-  never sees a positive argument. No shared memory, no syncthreads. Grid: cdiv(B * n_heads, THREADS).
+  never sees a positive argument. No shared memory, no syncthreads. Grid: grid_stride_launch(B * n_heads,
+  THREADS): grid-stride over (sequence, head) pairs, so the simulator can run a small grid.
 - `paged_attention_prefill`: varlen queries of any number of sequences (chunked prefill and prefix-cache
   hits included: keys come from the pool, the new tokens' K/V are written with write_kv_paged first).
   The host groups each sequence's queries, sorted by position, into query tiles of up to QTILE tokens
@@ -29,7 +31,7 @@ import math
 
 import numpy as np
 
-from .common import cuda, jit, cdiv
+from .common import cuda, jit, cdiv, grid_stride_launch
 
 THREADS = 128
 MAX_HEAD_DIM = 256  # size of the per-thread accumulators: cuda.local.array needs a compile-time size
@@ -39,61 +41,57 @@ KTILE = 16  # key positions per shared-memory tile
 
 @jit
 def write_kv_paged_kernel(k, v, k_pool, v_pool, slot_mapping):
-    i = cuda.grid(1)
     num_tokens, n_kv_heads, head_dim = k.shape
-    if i >= num_tokens * n_kv_heads * head_dim:
-        return
-    t = i // (n_kv_heads * head_dim)
-    kv_head = (i // head_dim) % n_kv_heads
-    d = i % head_dim
-    slot = slot_mapping[t]
-    if slot < 0:  # padding token
-        return
     block_size = k_pool.shape[1]
-    k_pool[slot // block_size, slot % block_size, kv_head, d] = k[t, kv_head, d]
-    v_pool[slot // block_size, slot % block_size, kv_head, d] = v[t, kv_head, d]
+    for i in range(cuda.grid(1), num_tokens * n_kv_heads * head_dim, cuda.gridsize(1)):
+        t = i // (n_kv_heads * head_dim)
+        kv_head = (i // head_dim) % n_kv_heads
+        d = i % head_dim
+        slot = slot_mapping[t]
+        if slot < 0:  # padding token
+            continue
+        k_pool[slot // block_size, slot % block_size, kv_head, d] = k[t, kv_head, d]
+        v_pool[slot // block_size, slot % block_size, kv_head, d] = v[t, kv_head, d]
 
 
 @jit
 def paged_attention_decode_kernel(q, k_pool, v_pool, block_tables, context_lens, scale, out):
-    i = cuda.grid(1)
     batch, n_heads, head_dim = q.shape
-    if i >= batch * n_heads:
-        return
-    b = i // n_heads
-    h = i % n_heads
-    kv_head = h // (n_heads // k_pool.shape[2])
     block_size = k_pool.shape[1]
-    context_len = context_lens[b]
-
     q_scaled = cuda.local.array(MAX_HEAD_DIM, np.float32)
     acc = cuda.local.array(MAX_HEAD_DIM, np.float32)
-    for d in range(head_dim):
-        q_scaled[d] = q[b, h, d] * scale  # scale once here, so each score is a plain dot product
-        acc[d] = np.float32(0.0)
-    running_max = np.float32(-math.inf)
-    running_sum = np.float32(0.0)
+    for i in range(cuda.grid(1), batch * n_heads, cuda.gridsize(1)):
+        b = i // n_heads
+        h = i % n_heads
+        kv_head = h // (n_heads // k_pool.shape[2])
+        context_len = context_lens[b]
 
-    for logical_block in range((context_len + block_size - 1) // block_size):
-        block = block_tables[b, logical_block]
-        for offset in range(min(block_size, context_len - logical_block * block_size)):
-            score = np.float32(0.0)
-            for d in range(head_dim):
-                score += q_scaled[d] * k_pool[block, offset, kv_head, d]
-            if score > running_max:
-                correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
-                running_sum *= correction
+        for d in range(head_dim):
+            q_scaled[d] = q[b, h, d] * scale  # scale once here, so each score is a plain dot product
+            acc[d] = np.float32(0.0)
+        running_max = np.float32(-math.inf)
+        running_sum = np.float32(0.0)
+
+        for logical_block in range((context_len + block_size - 1) // block_size):
+            block = block_tables[b, logical_block]
+            for offset in range(min(block_size, context_len - logical_block * block_size)):
+                score = np.float32(0.0)
                 for d in range(head_dim):
-                    acc[d] *= correction
-                running_max = score
-            weight = np.float32(math.exp(score - running_max))
-            running_sum += weight
-            for d in range(head_dim):
-                acc[d] += weight * v_pool[block, offset, kv_head, d]
+                    score += q_scaled[d] * k_pool[block, offset, kv_head, d]
+                if score > running_max:
+                    correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
+                    running_sum *= correction
+                    for d in range(head_dim):
+                        acc[d] *= correction
+                    running_max = score
+                weight = np.float32(math.exp(score - running_max))
+                running_sum += weight
+                for d in range(head_dim):
+                    acc[d] += weight * v_pool[block, offset, kv_head, d]
 
-    inv_sum = np.float32(1.0) / running_sum
-    for d in range(head_dim):
-        out[b, h, d] = acc[d] * inv_sum
+        inv_sum = np.float32(1.0) / running_sum
+        for d in range(head_dim):
+            out[b, h, d] = acc[d] * inv_sum
 
 
 @jit
@@ -230,7 +228,8 @@ def write_kv_paged(k, v, k_pool, v_pool, slot_mapping):
     assert slot_mapping.shape == (k.shape[0],) and slot_mapping.dtype == np.int32, (slot_mapping.shape,
                                                                                     slot_mapping.dtype)
     if k.size > 0:
-        write_kv_paged_kernel[cdiv(k.size, THREADS), THREADS](k, v, k_pool, v_pool, slot_mapping)
+        blocks, threads = grid_stride_launch(k.size, THREADS)
+        write_kv_paged_kernel[blocks, threads](k, v, k_pool, v_pool, slot_mapping)
 
 
 def paged_attention_decode(q, k_pool, v_pool, block_tables, context_lens, scale, out=None):
@@ -243,7 +242,8 @@ def paged_attention_decode(q, k_pool, v_pool, block_tables, context_lens, scale,
                                                                                context_lens.dtype)
     out = _output(q, out)
     if batch > 0:
-        paged_attention_decode_kernel[cdiv(batch * n_heads, THREADS), THREADS](
+        blocks, threads = grid_stride_launch(batch * n_heads, THREADS)
+        paged_attention_decode_kernel[blocks, threads](
             q, k_pool, v_pool, block_tables, context_lens, np.float32(scale), out)
     return out
 

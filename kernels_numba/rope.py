@@ -2,8 +2,8 @@
 
     h = hd/2, a = float32(pos) * inv_freq[i]:  out[i] = x[i] cos a - x[i+h] sin a,  out[i+h] = x[i+h] cos a + x[i] sin a
 
-Launch layout: a 1-D grid, one thread per (token, head, i < h); a thread reads both halves of its pair
-before writing them, so `out` may be `x` itself (in place).
+Launch layout: one thread per (token, head, i < h) on the GPU, grid-stride so the simulator can run a
+small grid; a thread reads both halves of its pair before writing them, so `out` may be `x` itself (in place).
 `rope_inv_freq` (host) builds inv_freq in float32 with the same operations, in the same order, as
 transformers' modeling_rope_utils, so the angles match HF's bit for bit.
 For the supported rope types HF's attention_scaling is 1.0, so cos and sin are not scaled.
@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .common import cuda, jit, cdiv
+from .common import cuda, jit, grid_stride_launch
 
 THREADS = 128
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -73,8 +73,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
 def rope_kernel(x, positions, inv_freq, out):
     n_tokens, n_heads, head_dim = x.shape
     half = head_dim // 2
-    idx = cuda.grid(1)
-    if idx < n_tokens * n_heads * half:
+    for idx in range(cuda.grid(1), n_tokens * n_heads * half, cuda.gridsize(1)):
         i = idx % half
         head = (idx // half) % n_heads
         t = idx // (half * n_heads)
@@ -99,7 +98,8 @@ def rope(x, positions, inv_freq, out=None):
     assert out.shape == x.shape, (out.shape, x.shape)
     n_pairs = n_tokens * n_heads * (head_dim // 2)
     if n_pairs:
-        rope_kernel[cdiv(n_pairs, THREADS), THREADS](x, positions, inv_freq, out)
+        blocks, threads = grid_stride_launch(n_pairs, THREADS)
+        rope_kernel[blocks, threads](x, positions, inv_freq, out)
     return out
 
 
