@@ -11,11 +11,13 @@ sequences may share the same prefix blocks.
 
 - `write_kv_paged`: copies k and v into their slot, one thread per (token, kv head, d) on the GPU (grid-stride,
   so the simulator can run a small grid); slot -1 = padding, skipped.
-- `paged_attention_decode`: one query per sequence, at its newest position. One thread per (sequence, head)
-  walks the sequence's blocks, keeping a running max m, a running sum l and the head_dim accumulator in a
-  cuda.local.array; when a score raises m, l and the accumulator are rescaled by exp(m_old - m_new), so exp
-  never sees a positive argument. No shared memory, no syncthreads. Grid: grid_stride_launch(B * n_heads,
-  THREADS): grid-stride over (sequence, head) pairs, so the simulator can run a small grid.
+- `paged_attention_per_query`: varlen queries, one thread per (query, head): query t of sequence s at
+  position p walks s's blocks over keys 0..p, keeping a running max m, a running sum l and the head_dim
+  accumulator in a cuda.local.array; when a score raises m, l and the accumulator are rescaled by
+  exp(m_old - m_new), so exp never sees a positive argument. No shared memory, no syncthreads. Grid:
+  grid_stride_launch(T * n_heads, THREADS), so the simulator can run a small grid. It serves decode
+  (`paged_attention_decode`: one query per sequence at its newest position) and, in the simulator where
+  syncthreads cost milliseconds, prefill too.
 - `paged_attention_prefill`: varlen queries of any number of sequences (chunked prefill and prefix-cache
   hits included: keys come from the pool, the new tokens' K/V are written with write_kv_paged first).
   The host groups each sequence's queries, sorted by position, into query tiles of up to QTILE tokens
@@ -55,19 +57,20 @@ def write_kv_paged_kernel(k, v, k_pool, v_pool, slot_mapping):
 
 
 @jit
-def paged_attention_decode_kernel(q, k_pool, v_pool, block_tables, context_lens, scale, out):
-    batch, n_heads, head_dim = q.shape
+def paged_attention_per_query_kernel(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out):
+    num_queries, n_heads, head_dim = q.shape
     block_size = k_pool.shape[1]
     q_scaled = cuda.local.array(MAX_HEAD_DIM, np.float32)
     acc = cuda.local.array(MAX_HEAD_DIM, np.float32)
-    for i in range(cuda.grid(1), batch * n_heads, cuda.gridsize(1)):
-        b = i // n_heads
+    for i in range(cuda.grid(1), num_queries * n_heads, cuda.gridsize(1)):
+        t = i // n_heads
         h = i % n_heads
         kv_head = h // (n_heads // k_pool.shape[2])
-        context_len = context_lens[b]
+        b = query_seq[t]
+        context_len = query_pos[t] + 1  # causal: keys 0..position
 
         for d in range(head_dim):
-            q_scaled[d] = q[b, h, d] * scale  # scale once here, so each score is a plain dot product
+            q_scaled[d] = q[t, h, d] * scale  # scale once here, so each score is a plain dot product
             acc[d] = np.float32(0.0)
         running_max = np.float32(-math.inf)
         running_sum = np.float32(0.0)
@@ -91,7 +94,7 @@ def paged_attention_decode_kernel(q, k_pool, v_pool, block_tables, context_lens,
 
         inv_sum = np.float32(1.0) / running_sum
         for d in range(head_dim):
-            out[b, h, d] = acc[d] * inv_sum
+            out[t, h, d] = acc[d] * inv_sum
 
 
 @jit
@@ -232,20 +235,34 @@ def write_kv_paged(k, v, k_pool, v_pool, slot_mapping):
         write_kv_paged_kernel[blocks, threads](k, v, k_pool, v_pool, slot_mapping)
 
 
+def paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
+    """q [T, n_heads, head_dim]: query t of sequence query_seq[t] (a row of block_tables) at position
+    query_pos[t] attends causally to that sequence's keys 0..query_pos[t]; one thread per (query, head).
+    Serves decode (one query per sequence) and, where syncthreads are dear (the simulator), prefill."""
+    num_queries, n_heads, _ = q.shape
+    _check_pool(q, k_pool, v_pool, block_tables)
+    assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
+                                                                                     query_pos.shape)
+    assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
+    out = _output(q, out)
+    if num_queries > 0:
+        blocks, threads = grid_stride_launch(num_queries * n_heads, THREADS)
+        paged_attention_per_query_kernel[blocks, threads](
+            q, k_pool, v_pool, block_tables, query_seq, query_pos, np.float32(scale), out)
+    return out
+
+
 def paged_attention_decode(q, k_pool, v_pool, block_tables, context_lens, scale, out=None):
     """q [B, n_heads, head_dim]: sequence b's query at position context_lens[b] - 1 (>= 0) attends to its
     context_lens[b] keys through block_tables[b]. Returns out [B, n_heads, head_dim]."""
-    batch, n_heads, _ = q.shape
-    _check_pool(q, k_pool, v_pool, block_tables)
+    batch = q.shape[0]
     assert block_tables.shape[0] >= batch, (block_tables.shape, batch)
     assert context_lens.shape == (batch,) and context_lens.dtype == np.int32, (context_lens.shape,
                                                                                context_lens.dtype)
-    out = _output(q, out)
-    if batch > 0:
-        blocks, threads = grid_stride_launch(batch * n_heads, THREADS)
-        paged_attention_decode_kernel[blocks, threads](
-            q, k_pool, v_pool, block_tables, context_lens, np.float32(scale), out)
-    return out
+    query_pos = _to_host(context_lens) - np.int32(1)
+    assert (query_pos >= 0).all(), "every sequence needs at least one key"
+    return paged_attention_per_query(q, k_pool, v_pool, block_tables, cuda.to_device(np.arange(batch, dtype=np.int32)),
+                                     cuda.to_device(query_pos.astype(np.int32)), scale, out)
 
 
 def paged_attention_prefill(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None,

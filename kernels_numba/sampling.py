@@ -370,3 +370,27 @@ def sample_ref(logits, temperatures, top_ks, top_ps, seeds, steps) -> np.ndarray
         scores = scaled[0] + (-np.log(-np.log(u))).astype(np.float32)
         out[row] = np.argmax(np.where(keep[row], scores, np.float32(-np.inf)))
     return out
+
+
+# ---- min_tokens: stop tokens may not be chosen yet -------------------------------------------------
+# logits[rows[j], token_ids[j]] = -inf for every pair j. One thread per pair.
+
+@jit
+def suppress_tokens_kernel(logits, rows, token_ids):
+    j = cuda.grid(1)
+    if j < rows.size:
+        logits[rows[j], token_ids[j]] = -np.inf
+
+
+def suppress_tokens(logits, rows, token_ids):
+    """In place: make token_ids[j] impossible in row rows[j] (int32 device arrays of equal length)."""
+    assert rows.shape == token_ids.shape and rows.ndim == 1, (rows.shape, token_ids.shape)
+    if rows.size > 0:
+        suppress_tokens_kernel[1 if SIMULATOR else -(-rows.size // 128), rows.size if SIMULATOR else 128](
+            logits, rows, token_ids)
+
+
+def suppress_tokens_ref(logits: np.ndarray, rows: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    out = logits.copy()
+    out[rows, token_ids] = -np.inf
+    return out

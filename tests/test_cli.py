@@ -14,7 +14,7 @@ def test_generate_prints_each_prompt_and_its_continuation(capsys):
                          "--max-model-len", "16")
     assert code == 0, err
     assert "[0] 'The sun'" in out and "[1] 'Hi'" in out and out.count("(2 tokens, length)") == 2
-    assert "tok/s" in err
+    assert "TTFT" in err or "ttft" in err.lower()
 
 def test_generate_chat_wraps_the_prompt_in_the_template(capsys):
     code, out, err = run(capsys, "generate", "--chat", "--prompt", "Hi", "--max-tokens", "1")
@@ -24,9 +24,11 @@ def test_generate_chat_wraps_the_prompt_in_the_template(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--prompt", "x", "--model", "/nonexistent"], "model directory not found: /nonexistent"),
     (["generate"], "no prompt given"),
-    (["generate", "--prompt", "x", "--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["generate", "--prompt", "x", "--max-tokens", "0"], "max_tokens must be an integer >= 1"),
     (["generate", "--prompt", "x", "--prompts-file", "/nonexistent.txt"], "cannot read prompts file"),
-    (["generate", "--prompt", "x", "--max-model-len", "999999"], "max_seq_len must be in 1..2048"),
+    (["generate", "--prompt", "x", "--max-model-len", "1"], "max_model_len must be >= 2"),
+    (["generate", "--prompt", "x", "--temperature", "-1"], "temperature"),
+    (["generate", "--prompt", "x", "--top-p", "1.5"], "top_p"),
     (["check-goldens", "--goldens", "/nonexistent.npz"], "golden file not found"),
 ])
 def test_bad_input_gets_one_clear_line(capsys, argv, message):

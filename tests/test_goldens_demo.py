@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from tinyvllm.golden_check import DEFAULT_GOLDENS, DEFAULT_RTOL, Goldens, check_goldens, stage_errors
+from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens, check_goldens
 from tinyvllm.model import load_model
 from tinyvllm.weights import load_weights
 
@@ -12,10 +13,15 @@ def goldens():
     return Goldens.load(DEFAULT_GOLDENS)
 
 
+def quiet_engine(**options):
+    return LLMEngine(None, EngineConfig(num_blocks=64, **options), log=lambda message: None)
+
+
 def test_every_stage_and_greedy_continuation_match(goldens):
-    model = load_model(max_seq_len=128, log=lambda message: None)
-    report = check_goldens(model, goldens)
-    num_layers = model.config.num_hidden_layers
+    """The paged engine path, all golden prompts prefilled together in one step, then decoded together."""
+    engine = quiet_engine()
+    report = check_goldens(engine, goldens)
+    num_layers = engine.model.config.num_hidden_layers
     assert len(report.stages) == len(goldens.prompts) * (3 + 10 * num_layers)
     assert all(s.note == "" for s in report.stages), "every stage has a golden and the right shape"
     failures = [(s.prompt, s.stage, s.max_rel) for s in report.stages if not s.passed]
@@ -37,12 +43,11 @@ def test_a_corrupted_weight_is_caught_at_its_first_stage(goldens, monkeypatch):
         weights[name] = w
         return weights
     monkeypatch.setattr(model_module, "load_weights", corrupted_load)
-    model = load_model(max_seq_len=64, log=lambda message: None)
-    golden = goldens.prompts[0]
-    results = list(stage_errors(model, golden["input_ids"], golden, 0, DEFAULT_RTOL))
-    first_failure = next(r for r in results if not r.passed)
-    assert first_failure.stage == "layers.1.mlp"
-    assert all(r.passed for r in results[:results.index(first_failure)])
+    first_prompt_only = Goldens(goldens.path, goldens.meta, goldens.prompts[:1])
+    report = check_goldens(quiet_engine(), first_prompt_only, check_greedy=False)
+    first_failure = report.first_failure
+    assert first_failure is not None and first_failure.stage == "layers.1.mlp"
+    assert all(r.passed for r in report.stages[:report.stages.index(first_failure)])
 
 
 def test_goldens_file_errors_name_the_file(tmp_path):

@@ -5,7 +5,8 @@ import pytest
 
 from kernels_numba.common import cdiv, cuda
 from kernels_numba.paged_attention import (
-    QTILE, build_prefill_tiles, paged_attention_decode, paged_attention_decode_ref, paged_attention_prefill,
+    QTILE, build_prefill_tiles, paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query,
+    paged_attention_prefill,
     paged_attention_ref, write_kv_paged, write_kv_paged_ref)
 from tests.helpers import poisoned
 
@@ -144,7 +145,7 @@ def _stretch(step: Step, scale, q_gain, score_offset):
         step.q[..., 0] = score_offset / scale
 
 
-def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0):
+def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled"):
     """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores."""
     decode = scenario == "decode"
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
@@ -161,6 +162,11 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
         got = paged_attention_decode(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(context_lens), scale,
                                      out=out)
         want = paged_attention_decode_ref(step.q, k_pool, v_pool, step.block_tables, context_lens, scale)
+    elif kernel == "per_query":  # the one-thread-per-(query, head) kernel on the same varlen queries
+        got = paged_attention_per_query(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
+                                        cuda.to_device(step.query_pos), scale, out=out)
+        want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
+                                   scale)
     else:
         d_seq, d_pos = cuda.to_device(step.query_seq), cuda.to_device(step.query_pos)
         # whole_prompt lets the launcher build the tiles; the others pass them prebuilt, as a runner would
@@ -194,6 +200,12 @@ def test_decode_matches_ref(rng, block_size, n_heads, n_kv_heads, head_dim):
     ("shared_prefix", LAYOUTS[1]), ("shared_prefix", LAYOUTS[2])])
 def test_prefill_matches_ref(rng, scenario, layout):
     _check(rng, scenario, *layout)
+
+
+@pytest.mark.parametrize("scenario, layout", [
+    ("whole_prompt", LAYOUTS[0]), ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[2])])
+def test_per_query_kernel_serves_prefill_too(rng, scenario, layout):
+    _check(rng, scenario, *layout, kernel="per_query")
 
 
 @pytest.mark.parametrize("scenario", ["decode", "chunked"])

@@ -227,3 +227,14 @@ def test_sample_rejects_bad_inputs(rng):
         sample(logits, *ok[:4], cuda.to_device(np.ones(3, np.int32)))
     with pytest.raises(AssertionError, match="power of two"):
         sample(logits, *ok, threads=24)
+
+
+def test_suppress_tokens_makes_only_the_named_tokens_impossible(rng):
+    from kernels_numba.sampling import suppress_tokens, suppress_tokens_ref
+    logits = rng.standard_normal((3, 37)).astype(np.float32)
+    rows = np.array([0, 0, 2], np.int32)
+    ids = np.array([5, 36, 0], np.int32)
+    d = cuda.to_device(logits)
+    suppress_tokens(d, cuda.to_device(rows), cuda.to_device(ids))
+    np.testing.assert_array_equal(d.copy_to_host(), suppress_tokens_ref(logits, rows, ids))
+    assert np.isneginf(d.copy_to_host()).sum() == 3

@@ -1,10 +1,10 @@
-"""The `tinyvllm` command: generate text, check a model against golden files."""
+"""The `tinyvllm` command: generate text with the serving engine, check a model against golden files."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-import time
 import traceback
 
 from .errors import TinyVLLMError
@@ -37,23 +37,31 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tinyvllm", description=__doc__)
     sub = parser.add_subparsers(metavar="COMMAND")
 
-    def model_args(p):
-        p.add_argument("--model", metavar="DIR", help="HF Llama model directory (default: the demo model)")
-        p.add_argument("--max-model-len", type=int, metavar="N", help="context length held in the KV cache")
-        p.add_argument("--max-seqs", type=int, default=8, metavar="N", help="sequences decoded together")
-
-    g = sub.add_parser("generate", help="greedy-decode one or more prompts")
-    model_args(g)
+    g = sub.add_parser("generate", help="generate for one or many prompts, print results and metrics")
+    _engine_args(g)
     g.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a prompt (repeatable)")
-    g.add_argument("--prompts-file", metavar="FILE", help="one prompt per line")
-    g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    g.add_argument("--prompts-file", metavar="FILE",
+                   help='one prompt per line, or JSONL (*.jsonl): {"prompt": ...} or {"messages": [...]}, '
+                        "optionally with per-request sampling fields")
+    g.add_argument("--chat", action="store_true", help="wrap each text prompt in the model's chat template")
     g.add_argument("--system", metavar="TEXT", help="system message for --chat")
-    g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N", help="new tokens per prompt")
-    g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens")
+    s = g.add_argument_group("sampling (default: greedy)")
+    s.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N", help="new tokens per prompt")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=-1, help="-1 = off")
+    s.add_argument("--seed", type=int, help="same seed, same output")
+    s.add_argument("--min-tokens", type=int, default=0)
+    s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens")
+    s.add_argument("--use-generation-config", action="store_true",
+                   help="start from the model's generation_config.json (temperature, top_p, top_k)")
+    g.add_argument("--metrics-json", metavar="FILE", help="write per-request and aggregate metrics as JSON")
+    g.add_argument("--quiet-metrics", action="store_true", help="do not print the metrics table")
     g.set_defaults(run=_generate)
 
     c = sub.add_parser("check-goldens", help="compare every stage of the forward pass with a golden file")
-    model_args(c)
+    _engine_args(c)
     c.add_argument("--goldens", metavar="FILE", help="golden .npz (default: goldens/demo.npz)")
     c.add_argument("--rtol", type=float, help="max error relative to each stage's largest value")
     c.add_argument("--no-greedy", action="store_true", help="skip the greedy continuation check")
@@ -61,58 +69,121 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args):
-    from .model import load_model
-    return load_model(args.model, max_seqs=args.max_seqs, max_seq_len=args.max_model_len)
+def _engine_args(p):
+    p.add_argument("--model", metavar="DIR", help="HF Llama model directory (default: the demo model)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-model-len", type=int, metavar="N", help="longest prompt + output (default: min(4096, model's))")
+    e.add_argument("--max-num-seqs", type=int, default=8, metavar="N", help="sequences in flight per step")
+    e.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N", help="token budget per step")
+    e.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block")
+    e.add_argument("--num-blocks", type=int, metavar="N", help="KV blocks in the pool (default: from free GPU memory)")
+    e.add_argument("--gpu-memory-fraction", type=float, default=0.5, metavar="F",
+                   help="share of free GPU memory for the KV pool when --num-blocks is not given")
+    e.add_argument("--batching", choices=("continuous", "static"), default="continuous")
+    e.add_argument("--no-chunked-prefill", action="store_true")
+    e.add_argument("--no-prefix-caching", action="store_true")
 
 
-def _read_prompts(args) -> list[str]:
-    prompts = list(args.prompt)
+def _engine(args):
+    from .engine import EngineConfig, LLMEngine
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
+        max_model_len=args.max_model_len, chunked_prefill=not args.no_chunked_prefill,
+        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching)
+    return LLMEngine(args.model, config)
+
+
+def _read_requests(args) -> list[tuple[object, dict]]:
+    """(prompt, per-request sampling overrides) for every prompt given on the command line or in a file."""
+    requests = [(p, {}) for p in args.prompt]
     if args.prompts_file:
         try:
             with open(args.prompts_file, encoding="utf-8") as f:
-                prompts += [line.rstrip("\n") for line in f if line.strip()]
+                lines = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
         except OSError as e:
             raise TinyVLLMError(f"cannot read prompts file {args.prompts_file}: {e.strerror}") from e
-    if not prompts:
+        for n, line in lines:
+            if not args.prompts_file.endswith(".jsonl"):
+                requests.append((line, {}))
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TinyVLLMError(f"{args.prompts_file}:{n}: not JSON ({e.msg})") from e
+            if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+                raise TinyVLLMError(f'{args.prompts_file}:{n}: expected an object with "prompt" or "messages"')
+            prompt = item.pop("prompt", None) or item.pop("messages")
+            requests.append((prompt, item))
+    if not requests:
         raise TinyVLLMError("no prompt given: use --prompt TEXT (repeatable) or --prompts-file FILE")
-    return prompts
+    return requests
+
+
+def _base_sampling(args) -> dict:
+    """Sampling fields from the command line (and the model's generation_config.json if asked)."""
+    base = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=tuple(args.stop),
+                ignore_eos=args.ignore_eos)
+    if args.use_generation_config:
+        from .config import GenerationDefaults
+        from .model import default_model_dir
+        d = GenerationDefaults.from_model_dir(args.model or default_model_dir())
+        if d.do_sample is False:
+            base["temperature"] = 0.0
+        else:
+            base.update({k: v for k, v in (("temperature", d.temperature), ("top_p", d.top_p),
+                                           ("top_k", d.top_k)) if v is not None})
+    return base
+
+
+def _sampling_params(base: dict, overrides: dict, where: str):
+    from .sampling_params import SamplingParams
+    unknown = set(overrides) - set(SamplingParams.__dataclass_fields__)
+    if unknown:
+        raise TinyVLLMError(f"{where}: unknown sampling fields {sorted(unknown)}")
+    try:
+        return SamplingParams(**{**base, **overrides})
+    except (TypeError, ValueError) as e:
+        raise TinyVLLMError(f"{where}: {e}") from e
 
 
 def _generate(args) -> int:
-    from .generate import generate_greedy
-    if args.max_tokens < 1:
-        raise TinyVLLMError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    prompts = _read_prompts(args)
-    model = _load(args)
-    tok = model.tokenizer
-    if args.chat:
-        def messages(p):
-            return ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": p}]
-        prompt_ids = [tok.encode_chat(messages(p)) for p in prompts]
-    else:
-        prompt_ids = [tok.encode(p) for p in prompts]
-    print(f"generating for {len(prompts)} prompt(s), up to {args.max_tokens} new tokens each (greedy)",
-          file=sys.stderr)
-    start = time.perf_counter()
-    completions = generate_greedy(model, prompt_ids, args.max_tokens, stop_on_eos=not args.ignore_eos)
-    elapsed = time.perf_counter() - start
-    for i, (prompt, c) in enumerate(zip(prompts, completions)):
-        print(f"[{i}] {prompt!r}")
-        if c.error:
-            print(f"    error: {c.error}")
+    from .metrics import format_table
+    requests = _read_requests(args)
+    base = _base_sampling(args)
+    # Every request's sampling parameters are checked before the model is loaded.
+    params = [_sampling_params(base, overrides, "invalid sampling parameters" if not overrides else f"request {i}")
+              for i, (_, overrides) in enumerate(requests)]
+    prompts = []
+    for prompt, _ in requests:
+        if args.chat and isinstance(prompt, str):
+            prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": prompt}]
+        prompts.append(prompt)
+    engine = _engine(args)
+    print(f"generating for {len(prompts)} prompt(s)", file=sys.stderr)
+    outputs = engine.generate(prompts, params)
+    for i, (prompt, out) in enumerate(zip(prompts, outputs)):
+        shown = prompt[-1].get("content") if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else prompt
+        print(f"[{i}] {shown!r}")
+        if out.error:
+            print(f"    error: {out.error}")
         else:
-            print(f"    -> {c.text!r}  ({len(c.token_ids)} tokens, {c.finish_reason})")
-    new_tokens = sum(len(c.token_ids) for c in completions)
-    print(f"{new_tokens} tokens in {elapsed:.2f} s ({new_tokens / elapsed:.1f} tok/s, compilation included)",
-          file=sys.stderr)
-    return 1 if any(c.error for c in completions) else 0
+            print(f"    -> {out.text!r}  ({len(out.token_ids)} tokens, {out.finish_reason})")
+    summary = engine.metrics.summary()
+    if not args.quiet_metrics:
+        print(format_table(summary), file=sys.stderr)
+    if args.metrics_json:
+        with open(args.metrics_json, "w", encoding="utf-8") as f:
+            json.dump(summary.to_json_dict(), f, indent=1)
+    return 1 if any(o.error for o in outputs) else 0
 
 
 def _check_goldens(args) -> int:
-    from .golden_check import DEFAULT_GOLDENS, DEFAULT_RTOL, GreedyResult, Goldens, check_goldens
+    from .golden_check import DEFAULT_GOLDENS, DEFAULT_RTOL, Goldens, GreedyResult, check_goldens
     goldens = Goldens.load(args.goldens or DEFAULT_GOLDENS)
-    model = _load(args)
+    engine = _engine(args)
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     print(f"goldens: {goldens.path} ({len(goldens.prompts)} prompts, source: {goldens.meta.get('source', '?')})")
     print(f"pass when max|ours - golden| / max|golden| <= {rtol:g}")
@@ -128,7 +199,7 @@ def _check_goldens(args) -> int:
                 verdict += f" ({r.note})"
             print(f"{r.prompt:>6}  {r.stage:<26} {r.max_abs:12.3e} {r.max_rel:12.3e}  {verdict}", flush=True)
 
-    report = check_goldens(model, goldens, rtol=rtol, check_greedy=not args.no_greedy, on_result=show)
+    report = check_goldens(engine, goldens, rtol=rtol, check_greedy=not args.no_greedy, on_result=show)
     worst = max((s for s in report.stages if s.max_rel == s.max_rel), key=lambda s: s.max_rel, default=None)
     if worst:
         print(f"worst stage: prompt {worst.prompt} {worst.stage} rel err {worst.max_rel:.3e}")

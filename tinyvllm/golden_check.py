@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import TinyVLLMError
-from .generate import generate_greedy
-from .model import LoadedModel
-from .model_runner import ForwardBatch
+from .engine import LLMEngine
+from .model_runner import Stage
+from .sampling_params import SamplingParams
 
 DEFAULT_GOLDENS = Path(__file__).resolve().parent.parent / "goldens" / "demo.npz"
 DEFAULT_RTOL = 1e-4
@@ -108,45 +108,68 @@ def compare_stage(ours: np.ndarray, golden: np.ndarray, rtol: float) -> tuple[fl
     return max_abs, max_rel, max_rel <= rtol, ""
 
 
-def stage_errors(model: LoadedModel, input_ids: np.ndarray, golden: dict[str, np.ndarray],
-                 prompt_index: int, rtol: float):
-    """Drive the stepping forward pass over one prompt and compare each stage as it is produced."""
-    ids = np.asarray(input_ids, dtype=np.int32)
-    kv = model.runner.kv_cache
-    slot = kv.allocate_slot()
-    try:
-        batch = ForwardBatch(ids, np.arange(len(ids)), np.full(len(ids), slot), np.array([len(ids) - 1]))
-        for stage in model.runner.forward_stages(batch, all_logits=True):
-            if stage.name not in golden:
-                yield StageResult(prompt_index, stage.name, float("nan"), float("nan"), True, "no golden")
-                continue
-            max_abs, max_rel, passed, note = compare_stage(stage.to_host(), golden[stage.name], rtol)
-            yield StageResult(prompt_index, stage.name, max_abs, max_rel, passed, note)
-    finally:
-        kv.free_slot(slot)
-
-
-def check_goldens(model: LoadedModel, goldens: Goldens, rtol: float = DEFAULT_RTOL,
+def check_goldens(engine: LLMEngine, goldens: Goldens, rtol: float = DEFAULT_RTOL,
                   check_greedy: bool = True, on_result=None) -> GoldenReport:
+    """Queue every golden prompt (greedy, EOS ignored), step the engine's first step stage by stage and
+    compare each prompt's rows of every stage; then run to the end and compare the greedy tokens."""
     report = GoldenReport()
-    for p, golden in enumerate(goldens.prompts):
-        ids = golden["input_ids"]
-        if len(ids) >= model.max_seq_len:
-            raise TinyVLLMError(f"golden prompt {p} has {len(ids)} tokens; the context holds {model.max_seq_len}")
-        for result in stage_errors(model, ids, golden, p, rtol):
-            report.stages.append(result)
-            if on_result:
-                on_result(result)
+
+    def record(result):
+        (report.greedy if isinstance(result, GreedyResult) else report.stages).append(result)
+        if on_result:
+            on_result(result)
+
+    n_new = max((len(g["greedy_ids"]) for g in goldens.prompts if "greedy_ids" in g), default=1)
+    params = SamplingParams(temperature=0.0, max_tokens=n_new if check_greedy else 1, ignore_eos=True)
+    request_ids = {engine.add_request(g["input_ids"].tolist(), params, request_id=f"golden-{p}"): p
+                   for p, g in enumerate(goldens.prompts)}
+    for r in request_ids:
+        if engine.request(r).error:
+            raise TinyVLLMError(f"golden prompt {request_ids[r]}: {engine.request(r).error}")
+    stages = engine.step_stages(all_logits=True)
+    outputs = []
+    try:
+        while True:
+            stage = next(stages)
+            for result in compare_scheduled_rows(engine, stage, goldens, request_ids, rtol):
+                record(result)
+    except StopIteration as done:
+        outputs = done.value
+    missing = set(request_ids.values()) - {r.prompt for r in report.stages}
+    if missing:
+        raise TinyVLLMError(f"golden prompts {sorted(missing)} were not prefilled in the first step: "
+                            f"raise --max-num-batched-tokens / --max-num-seqs")
+    final = {o.request_id: o for o in outputs if o.finished}
+    while engine.has_unfinished_requests():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
     if check_greedy:
-        with_greedy = [(p, g) for p, g in enumerate(goldens.prompts) if "greedy_ids" in g]
-        if with_greedy:
-            n = max(len(g["greedy_ids"]) for _, g in with_greedy)
-            completions = generate_greedy(model, [g["input_ids"].tolist() for _, g in with_greedy], n,
-                                          stop_on_eos=False)
-            for (p, g), c in zip(with_greedy, completions):
-                golden_ids = g["greedy_ids"].tolist()
-                result = GreedyResult(p, golden_ids, c.token_ids[:len(golden_ids)])
-                report.greedy.append(result)
-                if on_result:
-                    on_result(result)
+        for request_id, p in request_ids.items():
+            golden = goldens.prompts[p]
+            if "greedy_ids" in golden:
+                golden_ids = golden["greedy_ids"].tolist()
+                record(GreedyResult(p, golden_ids, final[request_id].token_ids[:len(golden_ids)]))
     return report
+
+
+def compare_scheduled_rows(engine: LLMEngine, stage: Stage, goldens: Goldens, request_ids: dict[str, int],
+                           rtol: float):
+    """Compare the rows of one stage that belong to golden prompts against the golden file."""
+    row = 0
+    output = None
+    for s in engine.last_schedule.scheduled:
+        p = request_ids.get(s.seq.data.request_id)
+        rows = slice(row, row + s.num_new_tokens)
+        row += s.num_new_tokens
+        if p is None:
+            continue
+        golden = goldens.prompts[p].get(stage.name)
+        if golden is None:
+            yield StageResult(p, stage.name, float("nan"), float("nan"), True, "no golden")
+            continue
+        output = stage.to_host() if output is None else output
+        ours = output[rows]
+        golden_rows = golden[s.start:s.end]
+        max_abs, max_rel, passed, note = compare_stage(ours, golden_rows, rtol)
+        if s.start > 0:
+            note = (note + "; " if note else "") + f"positions {s.start}..{s.end - 1} (prefix cache)"
+        yield StageResult(p, stage.name, max_abs, max_rel, passed, note)

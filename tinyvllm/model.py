@@ -1,4 +1,4 @@
-"""Loading a model directory into a ready-to-run model: config, tokenizer, weights on the device, KV cache."""
+"""Loading a model directory: config, tokenizer, generation defaults, and the weights on the device."""
 from __future__ import annotations
 
 import sys
@@ -7,17 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import GenerationDefaults, ModelConfig
+import numpy as np
+
 from kernels_numba.rope import rope_inv_freq
 
+from .config import GenerationDefaults, ModelConfig
 from .errors import ModelLoadError, TinyVLLMError
-from .kv_cache import KVCache
-from .model_runner import DeviceWeights, ModelRunner
+from .model_runner import DeviceWeights
 from .tokenizer import Tokenizer
 from .weights import load_weights
-
-DEFAULT_MAX_SEQS = 8
-DEFAULT_MAX_SEQ_LEN = 2048
 
 
 def log_to_stderr(message: str) -> None:
@@ -30,11 +28,8 @@ class LoadedModel:
     config: ModelConfig
     generation_defaults: GenerationDefaults
     tokenizer: Tokenizer
-    runner: ModelRunner
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.runner.kv_cache.max_seq_len
+    weights: DeviceWeights
+    inv_freq: np.ndarray  # RoPE frequencies, float32 [head_dim / 2]
 
 
 def default_model_dir() -> Path:
@@ -42,20 +37,13 @@ def default_model_dir() -> Path:
     return DEMO_MODEL_DIR
 
 
-def load_model(model_dir: str | Path | None = None, *, max_seqs: int = DEFAULT_MAX_SEQS,
-               max_seq_len: int | None = None, log: Callable[[str], None] = log_to_stderr) -> LoadedModel:
+def load_model(model_dir: str | Path | None = None, *, log: Callable[[str], None] = log_to_stderr) -> LoadedModel:
     """Read, validate and upload a Llama-architecture HF model directory (the demo model by default)."""
     model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
     if not model_dir.is_dir():
         raise TinyVLLMError(f"model directory not found: {model_dir}")
-    if max_seqs < 1:
-        raise TinyVLLMError(f"max_seqs must be >= 1, got {max_seqs}")
     start = time.perf_counter()
     config = ModelConfig.from_model_dir(model_dir)
-    max_seq_len = min(config.max_position_embeddings, DEFAULT_MAX_SEQ_LEN) if max_seq_len is None else max_seq_len
-    if not 1 <= max_seq_len <= config.max_position_embeddings:
-        raise TinyVLLMError(f"max_seq_len must be in 1..{config.max_position_embeddings} "
-                            f"(the model's max_position_embeddings), got {max_seq_len}")
     tokenizer = Tokenizer.from_model_dir(model_dir)
     log(f"loading {model_dir}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"vocab {config.vocab_size}")
@@ -68,11 +56,8 @@ def load_model(model_dir: str | Path | None = None, *, max_seqs: int = DEFAULT_M
     except ValueError as e:
         raise ModelLoadError(f"{model_dir / 'config.json'}: {e}") from e
     weights = DeviceWeights.upload(config, host_weights, progress=_progress(log, "uploading weights"))
-    kv_cache = KVCache(config, max_seqs=max_seqs, max_seq_len=max_seq_len)
-    log(f"KV cache: {max_seqs} sequences x {max_seq_len} tokens ({kv_cache.bytes / 2**20:.1f} MiB); "
-        f"loaded in {time.perf_counter() - start:.1f} s")
-    return LoadedModel(model_dir, config, GenerationDefaults.from_model_dir(model_dir), tokenizer,
-                       ModelRunner(config, weights, kv_cache, inv_freq))
+    log(f"loaded in {time.perf_counter() - start:.1f} s")
+    return LoadedModel(model_dir, config, GenerationDefaults.from_model_dir(model_dir), tokenizer, weights, inv_freq)
 
 
 def _progress(log: Callable[[str], None], what: str, every_seconds: float = 2.0):

@@ -17,15 +17,16 @@ from typing import Callable, Iterator
 import numpy as np
 
 from kernels_numba.activation import residual_add, silu_mul
-from kernels_numba.attention import attention, write_kv
-from kernels_numba.common import cuda
+from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.matmul import linear
+from kernels_numba.paged_attention import (build_prefill_tiles, paged_attention_per_query,
+                                           paged_attention_prefill, write_kv_paged)
 from kernels_numba.rmsnorm import rmsnorm
 from kernels_numba.rope import rope
 
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .kv_pool import KVPool
 
 
 @dataclass
@@ -81,24 +82,34 @@ class DeviceWeights:
 
 @dataclass
 class ForwardBatch:
-    """What one forward step processes: T tokens flattened across sequences (the per-step context)."""
-    token_ids: np.ndarray    # int32 [T]
-    positions: np.ndarray    # int32 [T], each token's position in its sequence
-    seq_slots: np.ndarray    # int32 [T], each token's sequence row in the KV cache
-    logits_rows: np.ndarray  # int32 [B], which of the T tokens get logits (e.g. each sequence's last)
+    """What one forward step processes, built by the engine from the scheduler's decision.
+
+    T tokens flattened across B sequences (decode tokens and prefill chunks mixed); K/V go to the paged
+    pool through `slot_mapping`, attention reads them back through `block_tables`.
+    """
+    token_ids: np.ndarray     # int32 [T]
+    positions: np.ndarray     # int32 [T], each token's position in its sequence
+    query_seq: np.ndarray     # int32 [T], each token's sequence: a row of block_tables
+    slot_mapping: np.ndarray  # int32 [T], where each token's K/V go in the pool
+    block_tables: np.ndarray  # int32 [B, max_blocks], -1 padded
+    logits_rows: np.ndarray   # int32 [R], which of the T tokens get logits (each sampling sequence's last)
 
     def __post_init__(self):
-        self.token_ids = np.ascontiguousarray(self.token_ids, dtype=np.int32)
-        self.positions = np.ascontiguousarray(self.positions, dtype=np.int32)
-        self.seq_slots = np.ascontiguousarray(self.seq_slots, dtype=np.int32)
-        self.logits_rows = np.ascontiguousarray(self.logits_rows, dtype=np.int32)
+        for name in ("token_ids", "positions", "query_seq", "slot_mapping", "block_tables", "logits_rows"):
+            setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.int32))
         n = len(self.token_ids)
-        assert n > 0 and len(self.positions) == n and len(self.seq_slots) == n
-        assert len(self.logits_rows) > 0 and self.logits_rows.min() >= 0 and self.logits_rows.max() < n
+        assert n > 0 and self.positions.shape == self.query_seq.shape == self.slot_mapping.shape == (n,)
+        assert self.block_tables.ndim == 2 and 0 <= self.query_seq.min() and self.query_seq.max() < len(self.block_tables)
+        assert len(self.logits_rows) == 0 or (self.logits_rows.min() >= 0 and self.logits_rows.max() < n)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def is_decode_only(self) -> bool:
+        """One token per sequence (so attention needs no query tiles)."""
+        return len(np.unique(self.query_seq)) == self.num_tokens
 
 
 @dataclass
@@ -116,10 +127,10 @@ class Stage:
 
 @dataclass
 class ModelRunner:
-    """Owns the device side of one model: its weights, its KV cache and the RoPE frequencies."""
+    """Owns the device side of one model: its weights, its paged KV pool and the RoPE frequencies."""
     config: ModelConfig
     weights: DeviceWeights
-    kv_cache: KVCache
+    kv_pool: KVPool
     inv_freq: np.ndarray  # float32 [head_dim / 2], from kernels_numba.rope.rope_inv_freq
 
     def __post_init__(self):
@@ -139,18 +150,21 @@ class ModelRunner:
         """Yield each stage in order; the generator's return value is the logits device array.
 
         With `all_logits`, logits are computed for every token (golden checks), else only for
-        `batch.logits_rows`.
+        `batch.logits_rows` (and not at all, returning None, when there are none).
         """
         c, w_all = self.config, self.weights
         T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         eps = c.rms_norm_eps
         token_ids = cuda.to_device(batch.token_ids)
         positions = cuda.to_device(batch.positions)
-        seq_slots = cuda.to_device(batch.seq_slots)
+        query_seq = cuda.to_device(batch.query_seq)
+        slot_mapping = cuda.to_device(batch.slot_mapping)
+        block_tables = cuda.to_device(batch.block_tables)
+        attend, attention_kernel = self._attention_for(batch, block_tables, query_seq, positions)
 
         h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens))
         for i, w in enumerate(w_all.layers):
-            cache_k, cache_v = self.kv_cache.layer(i)
+            k_pool, v_pool = self.kv_pool.layer(i)
             name = f"layers.{i}.".__add__
             x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
             q = yield from _stage(name("q"), "matmul.linear + rope.rope", lambda: rope(
@@ -159,11 +173,11 @@ class ModelRunner:
                 linear(x, w.k_proj).reshape(T, nkv, hd), positions, self.inv_freq), i)
             v = yield from _stage(name("v"), "matmul.linear", lambda: linear(x, w.v_proj).reshape(T, nkv, hd), i)
 
-            def attend():
-                write_kv(k, v, cache_k, cache_v, seq_slots, positions)
-                out = attention(q, cache_k, cache_v, seq_slots, positions, self.attention_scale)
-                return out.reshape(T, nh * hd)
-            a = yield from _stage(name("attn"), "attention.write_kv + attention.attention", attend, i)
+            def attention_stage():
+                write_kv_paged(k, v, k_pool, v_pool, slot_mapping)
+                return attend(q, k_pool, v_pool).reshape(T, nh * hd)
+            a = yield from _stage(name("attn"), "paged_attention.write_kv_paged + " + attention_kernel,
+                                  attention_stage, i)
             o = yield from _stage(name("o_proj"), "matmul.linear", lambda: linear(a, w.o_proj), i)
             h = yield from _stage(name("attn_residual"), "activation.residual_add", lambda: residual_add(o, h), i)
             x = yield from _stage(name("post_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.post_norm, eps), i)
@@ -172,9 +186,29 @@ class ModelRunner:
             h = yield from _stage(name("output"), "activation.residual_add", lambda: residual_add(m, h), i)
         x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
         if not all_logits:
+            if len(batch.logits_rows) == 0:  # a step of prefill chunks that end mid-prompt samples nothing
+                return None
             x = take_rows(x, cuda.to_device(batch.logits_rows))
         logits = yield from _stage("logits", "matmul.linear", lambda: linear(x, w_all.lm_head))
         return logits
+
+    def _attention_for(self, batch: ForwardBatch, block_tables, query_seq, positions):
+        """Pick the attention kernel for this step: (q, k_pool, v_pool) -> out, and its name.
+
+        One thread per (query, head) serves decode steps, and every step in the simulator (where the
+        tiled kernel's syncthreads are slow); on a GPU, steps with prefill chunks use the kernel that
+        walks key tiles through shared memory. The query tiles are built once for all layers.
+        """
+        scale = self.attention_scale
+        if SIMULATOR or batch.is_decode_only:
+            def per_query(q, k_pool, v_pool):
+                return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
+            return per_query, "paged_attention.paged_attention_per_query"
+        tiles = build_prefill_tiles(batch.query_seq, batch.positions)
+
+        def tiled(q, k_pool, v_pool):
+            return paged_attention_prefill(q, k_pool, v_pool, block_tables, query_seq, positions, scale, tiles=tiles)
+        return tiled, "paged_attention.paged_attention_prefill"
 
 
 def _stage(name: str, kernel: str, launch: Callable[[], object], layer: int | None = None):

@@ -1,0 +1,312 @@
+"""LLMEngine: requests in, tokens out, one scheduler step at a time (vLLM's shape, nano-vllm's size).
+
+    add_request(prompt, params) -> request_id        step() -> [RequestOutput, ...]
+
+Each step: the Scheduler picks which sequences run and how many tokens each computes (decodes and
+prefill chunks together, within a token budget, preempting when KV blocks run out); the engine turns
+that into a ForwardBatch (token ids, positions, slot mapping, block tables); the ModelRunner runs the
+forward pass; the sampling kernel picks one token per finished prefill or decode; the engine applies
+stop rules and reports what changed. `step_stages()` is the same step as a generator that yields after
+every stage of the forward pass: the debugger and the golden checker drive it.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from kernels_numba.common import cuda
+from kernels_numba.embedding import take_rows
+from kernels_numba.sampling import sample, suppress_tokens
+
+from .block_manager import BlockManager
+from .errors import TinyVLLMError
+from .kv_pool import KVPool, blocks_that_fit
+from .metrics import MetricsCollector, RequestMetrics
+from .model import LoadedModel, load_model, log_to_stderr
+from .model_runner import ForwardBatch, ModelRunner, Stage
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .sequence import Sequence
+
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512     # token budget of one step
+    block_size: int = 16
+    num_blocks: int | None = None         # None: gpu_memory_fraction of the free GPU memory
+    gpu_memory_fraction: float = 0.5
+    max_model_len: int | None = None      # None: min(max_position_embeddings, 4096)
+    chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    batching: str = "continuous"          # or "static": a batch runs to completion before the next
+
+    def __post_init__(self):
+        def check(ok, message):
+            if not ok:
+                raise TinyVLLMError(f"invalid engine setting: {message}")
+        check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        check(self.max_num_batched_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
+        check(self.num_blocks is None or self.num_blocks >= 1, f"num_blocks must be >= 1, got {self.num_blocks}")
+        check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
+        check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
+        check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]                  # every output token so far
+    text: str                             # decoded output, special tokens and stop strings removed
+    new_token_ids: list[int] = field(default_factory=list)   # what this step added (streaming)
+    finished: bool = False
+    finish_reason: str | None = None      # "stop" | "length" | "error" | "abort"
+    error: str | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    seq: Sequence | None = None
+    text: str = ""
+    reported_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class LLMEngine:
+    def __init__(self, model: str | Path | LoadedModel | None = None, config: EngineConfig | None = None,
+                 log=log_to_stderr):
+        self.config = config = config or EngineConfig()
+        self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
+        c = self.model.config
+        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
+        num_blocks = config.num_blocks or blocks_that_fit(c, config.block_size, config.gpu_memory_fraction)
+        if num_blocks < 1:
+            raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
+        self.kv_pool = KVPool(c, num_blocks, config.block_size)
+        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                                   config.chunked_prefill, config.batching), self.block_manager)
+        self.metrics = MetricsCollector()
+        self.tokenizer = self.model.tokenizer
+        self.eos_token_ids = frozenset(c.eos_token_ids)
+        self._requests: dict[str, _Request] = {}
+        self._by_seq_id: dict[int, _Request] = {}
+        self._rejected: list[_Request] = []
+        self._ids = itertools.count()
+        self._seed_rng = np.random.default_rng()
+        self.last_schedule: SchedulerOutput | None = None
+        self.last_batch: ForwardBatch | None = None
+        self.num_steps = 0
+        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB), "
+            f"max model len {self.max_model_len}")
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a prompt (text, token ids, or a chat conversation). Invalid sampling parameters raise at
+        once; a prompt that cannot run (empty, unknown ids, too long) finishes with an error in the next
+        step's outputs, and the other requests are unaffected."""
+        params = params or SamplingParams()
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self._requests:
+            raise TinyVLLMError(f"request id {request_id!r} is already in use")
+        text, ids, error = self._tokenize(prompt)
+        seed = params.seed if params.seed is not None else int(self._seed_rng.integers(0, 2**63))
+        request = _Request(request_id, text, ids, params, seed)
+        self._requests[request_id] = request
+        self.metrics.on_arrival(request_id, time.perf_counter(), len(ids))
+        error = error or self._prompt_error(ids, params)
+        if error is None:
+            request.seq = Sequence(next(self._ids), ids, max_tokens=self._max_tokens(ids, params), data=request)
+            try:
+                self.scheduler.add(request.seq)
+            except ValueError as e:
+                error = str(e)
+        if error is not None:
+            request.error, request.finish_reason = error, "error"
+            self._rejected.append(request)
+        else:
+            self._by_seq_id[request.seq.seq_id] = request
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is not None and request.finish_reason is None and request.seq is not None:
+            self.scheduler.finish(request.seq)
+            request.finish_reason = "abort"
+            self._rejected.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished or bool(self._rejected)
+
+    def request(self, request_id: str) -> _Request:
+        return self._requests[request_id]
+
+    # ---- one step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        stages = self.step_stages()
+        while True:
+            try:
+                next(stages)
+            except StopIteration as done:
+                return done.value
+
+    def step_stages(self, all_logits: bool = False) -> Iterator[Stage]:
+        """One scheduler step as a generator of forward-pass stages; returns the step's RequestOutputs."""
+        outputs = [self._output(r) for r in self._rejected]
+        for r in self._rejected:
+            self.metrics.on_finished(r.request_id, time.perf_counter(), r.finish_reason)
+        self._rejected.clear()
+        schedule = self.scheduler.schedule()
+        self.last_schedule = schedule
+        now = time.perf_counter()
+        for s in schedule.scheduled:
+            self.metrics.on_scheduled(s.seq.data.request_id, now)
+        if not schedule.is_empty:
+            batch = self._build_batch(schedule)
+            self.last_batch = batch
+            logits = yield from self.runner.forward_stages(batch, all_logits=all_logits)
+            if all_logits:
+                logits = take_rows(logits, cuda.to_device(batch.logits_rows))
+            sampling = [s.seq for s in schedule.scheduled if s.samples]
+            new_tokens = self._sample(logits, sampling) if sampling else []
+            self.scheduler.update(schedule, {seq.seq_id: t for seq, t in zip(sampling, new_tokens)})
+            now = time.perf_counter()
+            for seq in sampling:
+                self.metrics.on_token(seq.data.request_id, now)
+                self._check_stop(seq.data)
+            outputs += [self._output(seq.data) for seq in sampling]
+        self.num_steps += 1
+        self.metrics.on_step(time.perf_counter(), self.scheduler.num_running, self.scheduler.num_waiting,
+                             self.block_manager.usage, schedule.num_batched_tokens,
+                             self.block_manager.prefix_hit_rate)
+        return outputs
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+                 on_output=None) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in prompt order. `on_output` sees every streamed output."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise TinyVLLMError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if on_output:
+                    on_output(out)
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _tokenize(self, prompt) -> tuple[str | None, list[int], str | None]:
+        try:
+            if isinstance(prompt, str):  # "" is an empty prompt, not a lone <|begin_of_text|>
+                return prompt, self.tokenizer.encode(prompt) if prompt else [], None
+            if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+                text = self.tokenizer.apply_chat_template(list(prompt))
+                return text, self.tokenizer.encode(text, add_special_tokens=False), None
+            ids = [int(t) for t in np.asarray(prompt, dtype=np.int64).reshape(-1)]
+            return None, ids, None
+        except TinyVLLMError as e:
+            return None, [], str(e)
+        except (TypeError, ValueError) as e:
+            return None, [], f"a prompt must be text, token ids or a list of chat messages ({e})"
+
+    def _prompt_error(self, ids: list[int], params: SamplingParams) -> str | None:
+        vocab = self.model.config.vocab_size
+        if not ids:
+            return "empty prompt"
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            return f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}"
+        if len(ids) >= self.max_model_len:
+            return (f"prompt has {len(ids)} tokens but the model's context holds {self.max_model_len} "
+                    f"(prompt + at least one new token); raise --max-model-len or shorten it")
+        return None
+
+    def _max_tokens(self, ids: list[int], params: SamplingParams) -> int:
+        return max(1, min(params.max_tokens, self.max_model_len - len(ids)))
+
+    def _build_batch(self, schedule: SchedulerOutput) -> ForwardBatch:
+        token_ids, positions, query_seq, slots, logits_rows = [], [], [], [], []
+        for row, s in enumerate(schedule.scheduled):
+            seq = s.seq
+            token_ids += s.token_ids
+            positions += range(s.start, s.end)
+            query_seq += [row] * s.num_new_tokens
+            slots += [self.block_manager.slot(seq, p) for p in range(s.start, s.end)]
+            if s.samples:
+                logits_rows.append(len(token_ids) - 1)
+        width = max(len(s.seq.block_table) for s in schedule.scheduled)
+        block_tables = np.full((len(schedule.scheduled), width), -1, np.int32)
+        for row, s in enumerate(schedule.scheduled):
+            block_tables[row, :len(s.seq.block_table)] = s.seq.block_table
+        return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, logits_rows)
+
+    def _sample(self, logits, seqs: list[Sequence]) -> list[int]:
+        params = [seq.data.params for seq in seqs]
+        suppressed_rows, suppressed_ids = [], []
+        for row, (seq, p) in enumerate(zip(seqs, params)):
+            if seq.num_output_tokens < p.min_tokens:  # stop tokens may not end it yet
+                stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_token_ids)
+                suppressed_rows += [row] * len(stop_ids)
+                suppressed_ids += sorted(stop_ids)
+        if suppressed_rows:
+            suppress_tokens(logits, cuda.to_device(np.array(suppressed_rows, np.int32)),
+                            cuda.to_device(np.array(suppressed_ids, np.int32)))
+        ids = sample(logits,
+                     cuda.to_device(np.array([p.temperature for p in params], np.float32)),
+                     cuda.to_device(np.array([p.top_k for p in params], np.int32)),
+                     cuda.to_device(np.array([p.top_p for p in params], np.float32)),
+                     cuda.to_device(np.array([seq.data.seed for seq in seqs], np.uint64)),
+                     cuda.to_device(np.array([seq.num_output_tokens for seq in seqs], np.int32)))
+        return ids.copy_to_host().tolist()
+
+    def _check_stop(self, request: _Request) -> None:
+        seq, p = request.seq, request.params
+        token = seq.token_ids[-1]
+        n_out = seq.num_output_tokens
+        request.text = self.tokenizer.decode(seq.output_token_ids)
+        reason = None
+        if n_out >= p.min_tokens:
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+                reason = "stop"
+            else:
+                cut = min((i for i in (request.text.find(s) for s in p.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    request.text, reason = request.text[:cut], "stop"
+        if reason is None and n_out >= seq.max_tokens:
+            reason = "length"
+        if reason is not None:
+            request.finish_reason = reason
+            self.scheduler.finish(seq)
+            self.metrics.on_finished(request.request_id, time.perf_counter(), reason)
+
+    def _output(self, request: _Request) -> RequestOutput:
+        token_ids = request.seq.output_token_ids if request.seq is not None else []
+        new = token_ids[request.reported_tokens:]
+        request.reported_tokens = len(token_ids)
+        return RequestOutput(
+            request.request_id, request.prompt, request.prompt_token_ids, list(token_ids), request.text,
+            new_token_ids=list(new), finished=request.finish_reason is not None,
+            finish_reason=request.finish_reason, error=request.error,
+            metrics=self.metrics.request_metrics(request.request_id))
