@@ -28,7 +28,7 @@ PROMPTS = [
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", default="/tmp/llama-1b-random")
-    parser.add_argument("--tokenizer-dir", help="dir with a Llama 3 tokenizer.json (else built from llama-models)")
+    parser.add_argument("--hf-device", default="cuda", help="where HF transformers runs (cpu for a dry run)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--out", default=str(ROOT / "out"))
@@ -45,44 +45,48 @@ def main() -> int:
         return result
 
     model_dir = Path(args.model_dir)
-    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else model_dir
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        from tests.llama3_vocab import build_llama3_tokenizer_json
-        timed("build Llama 3 tokenizer.json from llama-models", lambda: build_llama3_tokenizer_json(
-            model_dir / "tokenizer.json"))
-        tokenizer_dir = model_dir
+    if not (model_dir / "tokenizer.json").is_file():
+        from tests.llama3_vocab import write_llama3_tokenizer_files
+        timed("build the Llama 3 tokenizer from llama-models", lambda: write_llama3_tokenizer_files(model_dir))
     if not (model_dir / "model.safetensors").is_file():
         from tinyvllm.random_model import write_random_model
         timed("write random Llama-3.2-1B-shaped weights", lambda: write_random_model(model_dir, seed=0))
 
     from tinyvllm.tokenizer import Tokenizer
-    tok = Tokenizer.from_model_dir(tokenizer_dir)
+    tok = Tokenizer.from_model_dir(model_dir)
     prompt_ids = [tok.encode_chat(p, date_string="26 Jul 2024") if isinstance(p, list) else tok.encode(p)
                   for p in PROMPTS]
 
     import numpy as np
     import torch
     from goldens.hf_reference import capture_stages, greedy_continuation, load_hf_model
-    hf = timed("HF load (float32 on cuda)", lambda: load_hf_model(model_dir, device="cuda"))
+    hf = timed(f"HF load (float32 on {args.hf_device})", lambda: load_hf_model(model_dir, device=args.hf_device))
     hf_stages = timed("HF capture stages", lambda: [capture_stages(hf, ids) for ids in prompt_ids])
     hf_greedy = timed(f"HF greedy {args.new_tokens} tokens x {len(PROMPTS)}",
                       lambda: [greedy_continuation(hf, ids, args.new_tokens) for ids in prompt_ids])
     del hf
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
-    from tinyvllm.golden_check import DEFAULT_RTOL, stage_errors
-    from tinyvllm.generate import generate_greedy
-    from tinyvllm.model import load_model
+    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, check_goldens
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
-    model = timed("tinyvllm load + upload", lambda: load_model(model_dir, max_seqs=4, max_seq_len=512))
-    timed("tinyvllm warm-up (numba compile)", lambda: generate_greedy(model, [prompt_ids[0][:4]], 2))
-    results = timed("tinyvllm stages x prompts", lambda: [
-        list(stage_errors(model, np.array(ids), golden, p, rtol))
-        for p, (ids, golden) in enumerate(zip(prompt_ids, hf_stages))])
-    completions = timed(f"tinyvllm greedy {args.new_tokens} tokens, {len(PROMPTS)} prompts batched",
-                        lambda: generate_greedy(model, prompt_ids, args.new_tokens, stop_on_eos=False))
+    # HF's captures become an in-memory golden file: the same checker as `tinyvllm check-goldens`.
+    goldens = Goldens(Path("hf-live"), {"source": "HF transformers live on this GPU"}, [
+        {"input_ids": np.array(ids, np.int32), **stages, "greedy_ids": np.array(greedy, np.int32)}
+        for ids, stages, greedy in zip(prompt_ids, hf_stages, hf_greedy)])
+    engine = timed("tinyvllm load + upload", lambda: LLMEngine(model_dir, EngineConfig(
+        num_blocks=256, max_model_len=1024, max_num_batched_tokens=2048)))
+    from tinyvllm.sampling_params import SamplingParams
+    timed("tinyvllm warm-up (numba compile)", lambda: engine.generate(
+        [prompt_ids[0], prompt_ids[1][:3]], SamplingParams(temperature=0.0, max_tokens=2)))
+    report = timed(f"tinyvllm check: stages of {len(PROMPTS)} prompts + greedy {args.new_tokens} tokens",
+                   lambda: check_goldens(engine, goldens, rtol=rtol))
+    results = [[r for r in report.stages if r.prompt == p] for p in range(len(PROMPTS))]
+    completions = report.greedy
 
-    lines = [f"# tinyvllm vs HF transformers on {torch.cuda.get_device_name()}",
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (simulator dry run)"
+    lines = [f"# tinyvllm vs HF transformers on {device}",
              "", f"Model: seeded random BF16 weights of the exact Llama-3.2-1B shape ({model_dir}); "
              f"HF transformers {__import__('transformers').__version__} float32 on the same bf16 weights; "
              f"torch {torch.__version__}.", f"Stage passes when max|ours-HF|/max|HF| <= {rtol:g}.", "",
@@ -90,15 +94,11 @@ def main() -> int:
              "|---|---|---|---|---|---|---|"]
     all_ok = True
     summary = []
-    for p, (stages, c, golden_ids) in enumerate(zip(results, completions, hf_greedy)):
+    for p, (stages, greedy, golden_ids) in enumerate(zip(results, completions, hf_greedy)):
         passed = sum(s.passed for s in stages)
         worst = max(stages, key=lambda s: s.max_rel)
         logits = next(s for s in stages if s.stage == "logits")
-        agree = 0
-        for a, b in zip(c.token_ids, golden_ids):
-            if a != b:
-                break
-            agree += 1
+        agree = greedy.agreeing_prefix
         all_ok &= passed == len(stages) and agree == len(golden_ids)
         lines.append(f"| {p} | {len(prompt_ids[p])} | {passed}/{len(stages)} | {worst.stage} | "
                      f"{worst.max_rel:.2e} | {logits.max_rel:.2e} | {agree}/{len(golden_ids)} |")

@@ -110,16 +110,22 @@ def build_llama3_tokenizer_json(out_path) -> Path:
     return out_path
 
 
-@pytest.fixture(scope="session")
-def llama3_model_dir(tmp_path_factory) -> Path:
-    """A model directory holding only the Llama 3 tokenizer: tokenizer.json built from Meta's file and the
-    Instruct model's tokenizer_config.json essentials (bos, eos, chat template). Built once per session."""
-    if meta_tokenizer_model_path() is None:
-        pytest.skip("llama-models (Meta's Llama 3 tokenizer.model) is not installed")
+def write_llama3_tokenizer_files(model_dir) -> Path:
+    """tokenizer.json built from Meta's file, and the Instruct model's tokenizer_config.json essentials
+    (bos, eos, chat template), written into model_dir."""
     from tinyvllm.chat_template import LLAMA32_CHAT_TEMPLATE
 
-    model_dir = tmp_path_factory.mktemp("llama3_tokenizer")
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
     build_llama3_tokenizer_json(model_dir / "tokenizer.json")
     config = {"bos_token": BOS_TOKEN, "eos_token": "<|eot_id|>", "chat_template": LLAMA32_CHAT_TEMPLATE}
     (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
     return model_dir
+
+
+@pytest.fixture(scope="session")
+def llama3_model_dir(tmp_path_factory) -> Path:
+    """A model directory holding only the Llama 3 tokenizer. Built once per session."""
+    if meta_tokenizer_model_path() is None:
+        pytest.skip("llama-models (Meta's Llama 3 tokenizer.model) is not installed")
+    return write_llama3_tokenizer_files(tmp_path_factory.mktemp("llama3_tokenizer"))
