@@ -8,6 +8,7 @@ No module here may have "numba.cuda" in its dotted name (e.g. kernels_numba.cuda
 import redirector hijacks such names and recurses forever.
 """
 import math
+import types
 
 from numba import cuda
 
@@ -16,12 +17,16 @@ SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
 _GPU_ONLY_OPTIONS = ("lineinfo", "launch_bounds", "max_registers", "lto", "forceinline")
 
 
+_PYTHON_BODIES: dict[int, object] = {}  # id(GPU device function) -> the Python function it was made from
+
+
 def jit(*args, **options):
     """`cuda.jit` with GPU-only options filtered out in the simulator.
 
     In the simulator a device function (`device=True`) stays a plain Python function: the simulator's
     device-function wrapper costs ~6 us a call, which made every bf16 weight decode the slowest thing in a
     forward pass. So device functions must be pure arithmetic (no `cuda.*` inside); kernels may use anything.
+    On the GPU their Python bodies stay reachable through `host_version`, for the numpy twins.
     """
     if SIMULATOR and options.get("device"):
         return (lambda fn: fn) if not args else args[0]
@@ -29,7 +34,45 @@ def jit(*args, **options):
         for name in _GPU_ONLY_OPTIONS:
             options.pop(name, None)
         options.pop("cache", None)
+    if options.get("device") and args and callable(args[0]):
+        return jit(**options)(args[0])
+    if options.get("device"):
+        def device_function(fn):
+            compiled = cuda.jit(*args, **options)(fn)
+            _PYTHON_BODIES[id(compiled)] = fn
+            return compiled
+        return device_function
     return cuda.jit(*args, **options)
+
+
+def host_version(device_function):
+    """A device function as plain Python callable on the host (and on numpy arrays), calling the host
+    versions of the device functions it uses: numpy twins share the kernels' exact arithmetic."""
+    body = _PYTHON_BODIES.get(id(device_function))
+    if body is None:  # the simulator, or not a device function: already plain Python
+        return device_function
+    return _host_namespace(body.__globals__)[body.__name__]
+
+
+_HOST_NAMESPACES: dict[int, dict] = {}
+
+
+def _host_namespace(module_globals: dict) -> dict:
+    """A copy of a module's globals where every GPU device function is its plain Python body (built once
+    per module and shared, so device functions calling each other resolve without recursion)."""
+    key = id(module_globals)
+    if key not in _HOST_NAMESPACES:
+        namespace = _HOST_NAMESPACES[key] = dict(module_globals)
+        for name, value in module_globals.items():
+            body = _PYTHON_BODIES.get(id(value))
+            if body is None:
+                continue
+            if body.__globals__ is module_globals:
+                namespace[name] = types.FunctionType(body.__code__, namespace, body.__name__,
+                                                     body.__defaults__, body.__closure__)
+            else:  # imported from another kernel module
+                namespace[name] = _host_namespace(body.__globals__)[body.__name__]
+    return _HOST_NAMESPACES[key]
 
 
 # In the simulator a thread costs ~0.3 ms to start and a loop iteration ~2 us, and nothing runs in

@@ -21,6 +21,7 @@ from .common import cuda, jit, cdiv, grid_stride_launch, SIMULATOR
 MAX_GEMV_TOKENS = 8  # the per-thread accumulator count: registers, so a small compile-time constant
 THREADS = 128
 TILE = 16
+TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no arithmetic inside
 
 
 @jit
@@ -42,7 +43,7 @@ def gemv_kernel(x, w_bits, out):
 def gemm_kernel(x, w_bits, out):
     # One cuda.shared.array per line: the simulator aliases two allocations made on the same line.
     x_tile = cuda.shared.array((TILE, TILE), np.float32)
-    w_tile = cuda.shared.array((TILE, TILE + 1), np.float32)  # +1 pad: w_tile[tx, i] reads hit distinct banks
+    w_tile = cuda.shared.array((TILE, TILE_PADDED), np.float32)  # +1 pad: w_tile[tx, i] reads hit distinct banks
     num_tokens, in_features = x.shape
     out_features = w_bits.shape[0]
     tx = cuda.threadIdx.x

@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from .common import SIMULATOR, cuda, jit
+from .common import SIMULATOR, cuda, host_version, jit
 
 MAX_THREADS = 1024
 NO_INDEX = np.int32(2**31 - 1)  # loses every tie, so a thread that saw no element never wins
@@ -328,7 +328,7 @@ def _keep_row(x, temperature, top_k, top_p):
     s, m = scaled
     keep = np.ones(len(x), bool)
     if 0 < top_k < len(x):
-        keys = order_key(s)
+        keys = host_version(order_key)(s)
         keep = keys >= np.sort(keys)[::-1][top_k - 1]  # the k-th largest key
     if top_p < 1:
         mass = (np.exp((s - m).astype(np.float64)).astype(np.float32) * MASS_ONE).astype(np.uint64)
@@ -365,8 +365,8 @@ def sample_ref(logits, temperatures, top_ks, top_ps, seeds, steps) -> np.ndarray
         if scaled is None:
             out[row] = np.argmax(keep[row])
             continue
-        key_a, key_b = (stream_key(seeds[row], steps[row], salt) for salt in STREAM_SALTS)
-        u = open_uniform(noise_bits(key_a, key_b, np.arange(vocab, dtype=np.uint64)))
+        key_a, key_b = (host_version(stream_key)(seeds[row], steps[row], salt) for salt in STREAM_SALTS)
+        u = host_version(open_uniform)(host_version(noise_bits)(key_a, key_b, np.arange(vocab, dtype=np.uint64)))
         scores = scaled[0] + (-np.log(-np.log(u))).astype(np.float32)
         out[row] = np.argmax(np.where(keep[row], scores, np.float32(-np.inf)))
     return out
