@@ -120,40 +120,38 @@ def _read_requests(args) -> list[tuple[object, dict]]:
     return requests
 
 
-def _base_sampling(args) -> dict:
-    """Sampling fields from the command line (and the model's generation_config.json if asked)."""
-    base = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=tuple(args.stop),
-                ignore_eos=args.ignore_eos)
-    if args.use_generation_config:
-        from .config import GenerationDefaults
-        from .model import default_model_dir
-        d = GenerationDefaults.from_model_dir(args.model or default_model_dir())
-        if d.do_sample is False:
-            base["temperature"] = 0.0
-        else:
-            base.update({k: v for k, v in (("temperature", d.temperature), ("top_p", d.top_p),
-                                           ("top_k", d.top_k)) if v is not None})
-    return base
-
-
-def _sampling_params(base: dict, overrides: dict, where: str):
+def _sampling_params(args, overrides: dict, where: str):
+    """One request's SamplingParams: command-line flags (or, with --use-generation-config, the model's
+    generation_config.json for what the flags leave unset), then the request's own JSONL fields."""
     from .sampling_params import SamplingParams
-    unknown = set(overrides) - set(SamplingParams.__dataclass_fields__)
-    if unknown:
-        raise TinyVLLMError(f"{where}: unknown sampling fields {sorted(unknown)}")
+    flags = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                 max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=tuple(args.stop),
+                 ignore_eos=args.ignore_eos)
     try:
-        return SamplingParams(**{**base, **overrides})
-    except (TypeError, ValueError) as e:
+        if args.use_generation_config:
+            from .config import GenerationDefaults
+            from .model import default_model_dir
+            defaults = GenerationDefaults.from_model_dir(args.model or default_model_dir())
+            explicit = {k: v for k, v in flags.items() if v != _parser_default(k)}
+            return SamplingParams.from_generation_defaults(defaults, **{**explicit, **overrides})
+        unknown = set(overrides) - set(SamplingParams.__dataclass_fields__)
+        if unknown:
+            raise TinyVLLMError(f"unknown sampling fields {sorted(unknown)}")
+        return SamplingParams(**{**flags, **overrides})
+    except (TypeError, ValueError, TinyVLLMError) as e:
         raise TinyVLLMError(f"{where}: {e}") from e
+
+
+def _parser_default(flag: str):
+    return {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": None, "max_tokens": DEFAULT_MAX_TOKENS,
+            "min_tokens": 0, "stop": (), "ignore_eos": False}[flag]
 
 
 def _generate(args) -> int:
     from .metrics import format_table
     requests = _read_requests(args)
-    base = _base_sampling(args)
     # Every request's sampling parameters are checked before the model is loaded.
-    params = [_sampling_params(base, overrides, "invalid sampling parameters" if not overrides else f"request {i}")
+    params = [_sampling_params(args, overrides, "invalid sampling parameters" if not overrides else f"request {i}")
               for i, (_, overrides) in enumerate(requests)]
     prompts = []
     for prompt, _ in requests:

@@ -106,7 +106,9 @@ class LLMEngine:
                                                    config.chunked_prefill, config.batching), self.block_manager)
         self.metrics = MetricsCollector()
         self.tokenizer = self.model.tokenizer
-        self.eos_token_ids = frozenset(c.eos_token_ids)
+        # generation_config.json's eos_token_id, when present, overrides config.json's (as in transformers)
+        self.eos_token_ids = frozenset(self.model.generation_defaults.eos_token_ids or c.eos_token_ids)
+        self.default_params = SamplingParams.from_generation_defaults(self.model.generation_defaults)
         self._requests: dict[str, _Request] = {}
         self._by_seq_id: dict[int, _Request] = {}
         self._rejected: list[_Request] = []
@@ -123,8 +125,9 @@ class LLMEngine:
                     request_id: str | None = None) -> str:
         """Queue a prompt (text, token ids, or a chat conversation). Invalid sampling parameters raise at
         once; a prompt that cannot run (empty, unknown ids, too long) finishes with an error in the next
-        step's outputs, and the other requests are unaffected."""
-        params = params or SamplingParams()
+        step's outputs, and the other requests are unaffected. Without params: the model's
+        generation_config.json settings (as vLLM does)."""
+        params = params or self.default_params
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise TinyVLLMError(f"request id {request_id!r} is already in use")
