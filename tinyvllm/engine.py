@@ -165,15 +165,16 @@ class LLMEngine:
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        stages = self.step_stages()
+        stages = self.step_stages(synchronize=False)
         while True:
             try:
                 next(stages)
             except StopIteration as done:
                 return done.value
 
-    def step_stages(self, all_logits: bool = False) -> Iterator[Stage]:
-        """One scheduler step as a generator of forward-pass stages; returns the step's RequestOutputs."""
+    def step_stages(self, all_logits: bool = False, synchronize: bool = True) -> Iterator[Stage]:
+        """One scheduler step as a generator of forward-pass stages; returns the step's RequestOutputs.
+        `synchronize`: wait for each stage's kernels (see ModelRunner.forward_stages)."""
         outputs = [self._output(r) for r in self._rejected]
         for r in self._rejected:
             self.metrics.on_finished(r.request_id, time.perf_counter(), r.finish_reason)
@@ -186,7 +187,7 @@ class LLMEngine:
         if not schedule.is_empty:
             batch = self._build_batch(schedule)
             self.last_batch = batch
-            logits = yield from self.runner.forward_stages(batch, all_logits=all_logits)
+            logits = yield from self.runner.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
             if all_logits:
                 logits = take_rows(logits, cuda.to_device(batch.logits_rows))
             sampling = [s.seq for s in schedule.scheduled if s.samples]

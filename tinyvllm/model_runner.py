@@ -139,18 +139,21 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch):
         """Run the whole forward pass; return the logits device array [len(logits_rows), vocab]."""
-        stages = self.forward_stages(batch)
+        stages = self.forward_stages(batch, synchronize=False)
         while True:
             try:
                 next(stages)
             except StopIteration as done:
                 return done.value
 
-    def forward_stages(self, batch: ForwardBatch, all_logits: bool = False) -> Iterator[Stage]:
+    def forward_stages(self, batch: ForwardBatch, all_logits: bool = False,
+                       synchronize: bool = True) -> Iterator[Stage]:
         """Yield each stage in order; the generator's return value is the logits device array.
 
         With `all_logits`, logits are computed for every token (golden checks), else only for
-        `batch.logits_rows` (and not at all, returning None, when there are none).
+        `batch.logits_rows` (and not at all, returning None, when there are none). With `synchronize`,
+        each stage waits for its kernels, so its output is ready and `seconds` is its real time; without,
+        launches stay asynchronous (the engine's plain step) and `seconds` is only the launch time.
         """
         c, w_all = self.config, self.weights
         T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -161,6 +164,9 @@ class ModelRunner:
         slot_mapping = cuda.to_device(batch.slot_mapping)
         block_tables = cuda.to_device(batch.block_tables)
         attend, attention_kernel = self._attention_for(batch, block_tables, query_seq, positions)
+
+        def _stage(name, kernel, launch, layer=None):
+            return _run_stage(name, kernel, launch, layer, synchronize)
 
         h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens))
         for i, w in enumerate(w_all.layers):
@@ -211,10 +217,12 @@ class ModelRunner:
         return tiled, "paged_attention.paged_attention_prefill"
 
 
-def _stage(name: str, kernel: str, launch: Callable[[], object], layer: int | None = None):
-    """Run one stage's launches, synchronise, yield the Stage, and hand its output back to the caller."""
+def _run_stage(name: str, kernel: str, launch: Callable[[], object], layer: int | None = None,
+               synchronize: bool = True):
+    """Run one stage's launches (and wait for them), yield the Stage, hand its output back to the caller."""
     start = time.perf_counter()
     output = launch()
-    cuda.synchronize()
+    if synchronize:
+        cuda.synchronize()
     yield Stage(name, kernel, output, layer, time.perf_counter() - start)
     return output
