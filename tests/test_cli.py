@@ -46,3 +46,39 @@ def test_a_prompt_longer_than_the_context_is_reported_and_the_rest_run(capsys):
                          "--max-tokens", "1", "--max-model-len", "4")
     assert code == 1
     assert "error: prompt has" in out and "(1 tokens, length)" in out
+
+
+def test_jsonl_requests_with_their_own_sampling_and_a_metrics_file(capsys, tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"prompt": "The sun", "max_tokens": 1}\n'
+                        '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0.5, "seed": 3}\n')
+    metrics = tmp_path / "metrics.json"
+    code, out, err = run(capsys, "generate", "--prompts-file", str(requests), "--metrics-json", str(metrics))
+    assert code == 0, err
+    assert "(1 tokens, length)" in out and "(2 tokens, length)" in out
+    import json
+    summary = json.loads(metrics.read_text())
+    assert summary["num_completed"] == 2 and summary["total_output_tokens"] == 3
+    assert len(summary["requests"]) == 2 and summary["steps"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json", "requests.jsonl:1: not JSON"),
+    ('{"text": "x"}', 'expected an object with "prompt" or "messages"'),
+    ('{"prompt": "x", "top_p": 0}', "request 0: top_p must be"),
+    ('{"prompt": "x", "temprature": 1}', "unknown sampling fields"),
+])
+def test_bad_jsonl_lines_are_named(capsys, tmp_path, line, message):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(line + "\n")
+    code, out, err = run(capsys, "generate", "--prompts-file", str(requests))
+    assert code == 1 and message in err and "Traceback" not in err
+
+
+def test_use_generation_config_takes_the_models_settings(capsys):
+    # The demo's generation_config.json samples (temperature 0.6, top_p 0.9); an explicit flag still wins.
+    from tinyvllm import cli
+    from tinyvllm.cli import _parser
+    args = _parser().parse_args(["generate", "--prompt", "x", "--use-generation-config", "--top-p", "0.5"])
+    params = cli._sampling_params(args, {}, "test")
+    assert params.temperature == pytest.approx(0.6) and params.top_p == 0.5
