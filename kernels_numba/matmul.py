@@ -194,23 +194,33 @@ def gemm(x, w_bits, out=None):
     return out
 
 
-def linear(x, w_bits, out=None):
-    """y = x @ W.T: on a GPU gemv_coalesced for decode-sized batches (gemv if in_features is odd), gemm
-    for prefill.
+def linear_kernel_name(num_tokens: int, in_features: int) -> str:
+    """Which kernel `linear` runs for this shape (the debugger and the stepping API show it).
 
+    On a GPU: gemv_coalesced for decode-sized batches (gemv if in_features is odd), gemm for prefill.
     In the simulator every syncthreads costs milliseconds per block, so there the syncthreads-free gemv
     does everything: decode batches directly, prefill in chunks of MAX_GEMV_TOKENS tokens (same result up
     to float32 summation order).
     """
+    if SIMULATOR:
+        return "gemv"
+    if num_tokens <= MAX_GEMV_TOKENS:
+        return "gemv_coalesced" if in_features % 2 == 0 else "gemv"
+    return "gemm"
+
+
+def linear(x, w_bits, out=None):
+    """y = x @ W.T with the kernel `linear_kernel_name` picks for the shape."""
     out = _check_shapes(x, w_bits, out)
     num_tokens = x.shape[0]
-    if num_tokens <= MAX_GEMV_TOKENS:
-        if not SIMULATOR and x.shape[1] % 2 == 0:
-            return gemv_coalesced(x, w_bits, out)
-        return gemv(x, w_bits, out)
-    if not SIMULATOR:
+    kernel = linear_kernel_name(num_tokens, x.shape[1])
+    if kernel == "gemv_coalesced":
+        return gemv_coalesced(x, w_bits, out)
+    if kernel == "gemm":
         return gemm(x, w_bits, out)
-    for start in range(0, num_tokens, MAX_GEMV_TOKENS):
+    if num_tokens <= MAX_GEMV_TOKENS:
+        return gemv(x, w_bits, out)
+    for start in range(0, num_tokens, MAX_GEMV_TOKENS):  # the simulator's prefill
         stop = min(start + MAX_GEMV_TOKENS, num_tokens)
         gemv(x[start:stop], w_bits, out[start:stop])
     return out

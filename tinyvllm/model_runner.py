@@ -19,7 +19,7 @@ import numpy as np
 from kernels_numba.activation import residual_add, silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
-from kernels_numba.matmul import linear
+from kernels_numba.matmul import linear, linear_kernel_name
 from kernels_numba.paged_attention import (build_prefill_tiles, paged_attention_per_query,
                                            paged_attention_prefill, write_kv_paged)
 from kernels_numba.rmsnorm import rmsnorm
@@ -116,7 +116,7 @@ class ForwardBatch:
 class Stage:
     """One step of the forward pass: what ran and what it produced (a device array)."""
     name: str              # e.g. "layers.3.q", see docs/architecture.md
-    kernel: str            # the launcher that produced it, e.g. "matmul.linear + rope.rope"
+    kernel: str            # the launcher that produced it, e.g. "matmul.gemv + rope.rope"
     output: object         # device array
     layer: int | None = None
     seconds: float = 0.0   # host wall time of the launches (synchronised)
@@ -168,26 +168,30 @@ class ModelRunner:
         def _stage(name, kernel, launch, layer=None):
             return _run_stage(name, kernel, launch, layer, synchronize)
 
+        def matmul(in_features: int, rows: int = T) -> str:  # which kernel `linear` runs, for the record
+            return "matmul." + linear_kernel_name(rows, in_features)
+        H, I = c.hidden_size, c.intermediate_size
+
         h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens))
         for i, w in enumerate(w_all.layers):
             k_pool, v_pool = self.kv_pool.layer(i)
             name = f"layers.{i}.".__add__
             x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
-            q = yield from _stage(name("q"), "matmul.linear + rope.rope", lambda: rope(
+            q = yield from _stage(name("q"), matmul(H) + " + rope.rope", lambda: rope(
                 linear(x, w.q_proj).reshape(T, nh, hd), positions, self.inv_freq), i)
-            k = yield from _stage(name("k"), "matmul.linear + rope.rope", lambda: rope(
+            k = yield from _stage(name("k"), matmul(H) + " + rope.rope", lambda: rope(
                 linear(x, w.k_proj).reshape(T, nkv, hd), positions, self.inv_freq), i)
-            v = yield from _stage(name("v"), "matmul.linear", lambda: linear(x, w.v_proj).reshape(T, nkv, hd), i)
+            v = yield from _stage(name("v"), matmul(H), lambda: linear(x, w.v_proj).reshape(T, nkv, hd), i)
 
             def attention_stage():
                 write_kv_paged(k, v, k_pool, v_pool, slot_mapping)
                 return attend(q, k_pool, v_pool).reshape(T, nh * hd)
             a = yield from _stage(name("attn"), "paged_attention.write_kv_paged + " + attention_kernel,
                                   attention_stage, i)
-            o = yield from _stage(name("o_proj"), "matmul.linear", lambda: linear(a, w.o_proj), i)
+            o = yield from _stage(name("o_proj"), matmul(nh * hd), lambda: linear(a, w.o_proj), i)
             h = yield from _stage(name("attn_residual"), "activation.residual_add", lambda: residual_add(o, h), i)
             x = yield from _stage(name("post_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.post_norm, eps), i)
-            m = yield from _stage(name("mlp"), "matmul.linear x3 + activation.silu_mul", lambda: linear(
+            m = yield from _stage(name("mlp"), f"{matmul(H)} x2 + activation.silu_mul + {matmul(I)}", lambda: linear(
                 silu_mul(linear(x, w.gate_proj), linear(x, w.up_proj)), w.down_proj), i)
             h = yield from _stage(name("output"), "activation.residual_add", lambda: residual_add(m, h), i)
         x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
@@ -195,7 +199,7 @@ class ModelRunner:
             if len(batch.logits_rows) == 0:  # a step of prefill chunks that end mid-prompt samples nothing
                 return None
             x = take_rows(x, cuda.to_device(batch.logits_rows))
-        logits = yield from _stage("logits", "matmul.linear", lambda: linear(x, w_all.lm_head))
+        logits = yield from _stage("logits", matmul(H, rows=x.shape[0]), lambda: linear(x, w_all.lm_head))
         return logits
 
     def _attention_for(self, batch: ForwardBatch, block_tables, query_seq, positions):
