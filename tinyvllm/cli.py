@@ -66,6 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--rtol", type=float, help="max error relative to each stage's largest value")
     c.add_argument("--no-greedy", action="store_true", help="skip the greedy continuation check")
     c.set_defaults(run=_check_goldens)
+
+    from . import trace
+    d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
+    _engine_args(d)
+    trace.add_session_arguments(d)
+    d.set_defaults(run=_debug, block_size=4, num_blocks=64)  # small blocks make a readable pool grid
+    t = sub.add_parser("trace", help="run up to one stage and print its stats, golden diff and values")
+    _engine_args(t)
+    trace.add_arguments(t)
+    t.set_defaults(run=_trace)
     return parser
 
 
@@ -207,6 +217,18 @@ def _check_goldens(args) -> int:
     first = report.first_failure
     print("FAIL" + (f": first failing stage is prompt {first.prompt} {first.stage}" if first else ": greedy tokens differ"))
     return 1
+
+
+def _debug(args) -> int:
+    from debugger.app import DebuggerApp
+    from .trace import session_from_args
+    DebuggerApp(session_from_args(args, _engine(args))).run()
+    return 0
+
+
+def _trace(args) -> int:
+    from . import trace
+    return trace.run(args, _engine)
 
 
 if __name__ == "__main__":

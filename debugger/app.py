@@ -1,0 +1,219 @@
+"""The step-through debugger app: composes the panels and drives a Session from one worker thread.
+
+All engine work (every kernel launch) runs in one `@work(thread=True, exclusive=True)` worker, because
+the simulator runs one kernel at a time and the engine is not thread-safe; the worker posts small
+messages (debugger/messages.py) carrying immutable snapshots, and the panels only ever render those.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.worker import get_current_worker
+
+from .messages import RunFinished, RunProgress, SessionUpdated
+from .session import Breakpoint, RunResult, Session, SessionView, StageRecord, StepRecord
+from .widgets.block_table_panel import BlockTablePanel
+from .widgets.golden_diff import GoldenDiffPanel
+from .widgets.help_screen import HelpScreen
+from .widgets.scheduler_panel import SchedulerPanel
+from .widgets.tensor_inspector import TensorInspector
+from .widgets.timeline import TimelinePanel
+
+Job = Callable[[Session, Callable[[], bool], Callable], object]
+
+INPUT_PROMPTS = {
+    "request": "add a request: text, token ids as [1, 2, 3], or golden N  (enter adds, escape closes)",
+    "breakpoint": "run until: layer N | stage NAME (globs ok) | finished [ID] | golden [THRESHOLD]  (escape closes)",
+}
+
+
+def summarize(result) -> str:
+    """One status line for what a command did."""
+    if result is None:
+        return "nothing to run: every request has finished (a adds one, r resets)"
+    if isinstance(result, str):
+        return result
+    if isinstance(result, StageRecord):
+        return f"ran {result.name} ({result.kernel}, {result.seconds * 1000:.1f} ms)"
+    if isinstance(result, StepRecord):
+        finished = f", finished {list(result.finished)}" if result.finished else ""
+        return f"step {result.step} done: sampled {result.new_tokens}{finished}"
+    assert isinstance(result, RunResult)
+    where = "" if result.event is None else f" at {summarize(result.event)}"
+    if result.reason == "breakpoint":
+        return f"breakpoint: {result.detail} ({result.num_events} events)"
+    if result.reason == "idle":
+        return f"every request has finished ({result.num_events} events)"
+    if result.reason == "cancelled":
+        return f"cancelled after {result.num_events} events{where}"
+    return f"stopped after {result.num_events} events{where}"
+
+
+class DebuggerApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "tinyvllm debugger"
+    BINDINGS = [
+        Binding("s", "step_stage", "stage"),
+        Binding("l", "step_layer", "layer"),
+        Binding("d", "step_decode", "decode step"),
+        Binding("c", "continue_run", "continue"),
+        Binding("b", "ask('breakpoint')", "breakpoint"),
+        Binding("a", "ask('request')", "add request"),
+        Binding("r", "reset", "reset"),
+        Binding("x", "cancel", "cancel"),
+        Binding("left_square_bracket", "row(-1)", "row", show=False),
+        Binding("right_square_bracket", "row(1)", "row", show=False),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+        Binding("escape", "close_input", "close", show=False),
+    ]
+
+    def __init__(self, session: Session):
+        super().__init__()
+        self.session = session
+        self.busy = False
+        self.input_mode: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="top"):
+            yield SchedulerPanel(id="scheduler")
+            yield BlockTablePanel(id="blocks")
+        with Horizontal(id="middle"):
+            yield TensorInspector(id="inspector")
+            yield GoldenDiffPanel(id="golden")
+        yield TimelinePanel(id="timeline")
+        with Horizontal(id="status-bar"):
+            yield Static("ready: s steps one stage, ? for help", id="status")
+            yield ProgressBar(id="progress", show_eta=False)
+        yield Input(id="command-input")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.show(self.session.view())
+
+    def show(self, view: SessionView) -> None:
+        self.query_one(SchedulerPanel).show(view)
+        self.query_one(BlockTablePanel).show(view.blocks)
+        self.query_one(TensorInspector).show(view.stage)
+        self.query_one(GoldenDiffPanel).show(view.golden)
+        self.query_one(TimelinePanel).show(view.timeline)
+        self.query_one(ProgressBar).update(total=view.stages_per_step, progress=view.stages_done)
+        stage = f" · {view.stage.name}" if view.stage is not None and view.in_step else ""
+        self.sub_title = f"step {view.step}{stage}" + (" · done" if view.idle else "")
+
+    def set_status(self, text: str) -> None:
+        self.query_one("#status", Static).update(text)
+
+    # ---- commands ---------------------------------------------------------------------------------
+    def action_step_stage(self) -> None:
+        self.launch("stage", lambda s, cancelled, progress: s.step_stage())
+
+    def action_step_layer(self) -> None:
+        self.launch("layer", lambda s, cancelled, progress: s.step_layer(cancelled, progress))
+
+    def action_step_decode(self) -> None:
+        self.launch("decode step", lambda s, cancelled, progress: s.step_decode(cancelled, progress))
+
+    def action_continue_run(self) -> None:
+        self.launch("continue", lambda s, cancelled, progress: s.continue_to_end(cancelled, progress))
+
+    def action_reset(self) -> None:
+        def reset(s, cancelled, progress):
+            s.reset()
+            return "reset: fresh engine and KV pool, initial prompts queued"
+        self.launch("reset", reset)
+
+    def action_cancel(self) -> None:
+        if self.busy:
+            self.workers.cancel_group(self, "engine")
+            self.set_status("cancelling after the current stage…")
+
+    def action_row(self, delta: int) -> None:
+        self.query_one(TensorInspector).select_row(delta)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self.workers.cancel_group(self, "engine")
+        self.exit()
+
+    def launch(self, command: str, job: Job) -> None:
+        if self.busy:
+            self.set_status(f"busy: x cancels the running command before {command!r}")
+            return
+        self.busy = True
+        self.set_status(f"running: {command} (x cancels)")
+        self.run_job(command, job)
+
+    @work(thread=True, exclusive=True, group="engine")
+    def run_job(self, command: str, job: Job) -> None:
+        worker = get_current_worker()
+        per_step = self.session.view().stages_per_step
+
+        def progress(event) -> None:
+            if isinstance(event, StepRecord):
+                self.post_message(SessionUpdated(self.session.view()))
+            else:
+                self.post_message(RunProgress(command, event.step, event.name, event.index + 1, per_step))
+
+        try:
+            result = job(self.session, lambda: worker.is_cancelled, progress)
+            self.post_message(RunFinished(command, summarize(result), self.session.view()))
+        except Exception as e:  # shown in the status line; the session stays usable (r resets)
+            self.post_message(RunFinished(command, f"{command} failed: {type(e).__name__}: {e}",
+                                          self.session.view(), failed=True))
+
+    def on_run_progress(self, message: RunProgress) -> None:
+        self.set_status(f"running: {message.command} · step {message.step} · {message.stage} (x cancels)")
+        self.query_one(ProgressBar).update(total=message.stages_per_step, progress=message.stages_done)
+
+    def on_session_updated(self, message: SessionUpdated) -> None:
+        self.show(message.view)
+
+    def on_run_finished(self, message: RunFinished) -> None:
+        self.busy = False
+        self.show(message.view)
+        self.set_status(message.summary)
+        if message.failed:
+            self.notify(message.summary, severity="error")
+
+    # ---- the input box (add request, breakpoint) -------------------------------------------------
+    def action_ask(self, mode: str) -> None:
+        box = self.query_one("#command-input", Input)
+        self.input_mode = mode
+        box.placeholder = INPUT_PROMPTS[mode]
+        box.value = ""
+        box.add_class("visible")
+        box.focus()
+
+    def action_close_input(self) -> None:
+        box = self.query_one("#command-input", Input)
+        box.remove_class("visible")
+        self.input_mode = None
+        self.set_focus(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        mode, text = self.input_mode, event.value.strip()
+        self.action_close_input()
+        if not text:
+            return
+        try:
+            if mode == "request":
+                # Safe while a run is going: the session's lock admits the request between two stages.
+                request_id = self.session.add_request(self.session.prompt_from_text(text))
+                self.show(self.session.view())
+                self.set_status(f"added request {request_id}: it joins at the next scheduler step")
+            elif mode == "breakpoint":
+                breakpoint = Breakpoint.parse(text)
+                self.launch(f"until {text}", lambda s, cancelled, progress: s.run_until(breakpoint, cancelled,
+                                                                                         progress))
+        except ValueError as e:
+            self.set_status(f"error: {e}")
+            self.notify(str(e), severity="error")

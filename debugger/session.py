@@ -1,0 +1,469 @@
+"""The debugger's stepping logic, without any UI: one LLMEngine driven one forward-pass stage at a time.
+
+    session.step_stage()                       -> StageRecord | StepRecord | None (nothing left to run)
+    session.step_layer() / step_decode() / continue_to_end() / run_until(Breakpoint.parse("layer 1"))
+                                               -> RunResult (why it stopped, the last event)
+
+Everything goes through `engine.step_stages()`, the engine's own step as a generator: there is no second
+forward pass here. A step's first `next()` runs the scheduler; each later `next()` runs one stage; the
+generator's return is the step's outputs (tokens sampled, stop rules applied). Each stage's output is
+compared with the golden file for every request whose prompt ids are a golden prompt's, over the prompt
+positions this step computed (goldens hold prompt positions only, so decode steps have none: absent, not
+a pass). `view()` gives the UI an immutable snapshot, built on the thread that drives the engine.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from tinyvllm.engine import LLMEngine
+from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, StageResult, compare_scheduled_rows
+from tinyvllm.sampling_params import SamplingParams
+
+LAYER_STAGES = ("input_norm", "q", "k", "v", "attn", "o_proj", "attn_residual", "post_norm", "mlp", "output")
+
+
+def stage_names(num_layers: int) -> list[str]:
+    """Every stage of one forward pass, in order (docs/architecture.md)."""
+    return (["embedding"] + [f"layers.{i}.{s}" for i in range(num_layers) for s in LAYER_STAGES]
+            + ["final_norm", "logits"])
+
+
+# ---- tensors --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorStats:
+    """min / max / mean / std over the finite values (None when there are none), and what is not finite."""
+    shape: tuple[int, ...]
+    dtype: str
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    nan: int
+    inf: int
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> TensorStats:
+        values = np.asarray(array)
+        finite = values[np.isfinite(values)].astype(np.float64)
+        nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+        if finite.size == 0:
+            return cls(values.shape, str(values.dtype), None, None, None, None, nan, inf)
+        return cls(values.shape, str(values.dtype), float(finite.min()), float(finite.max()),
+                   float(finite.mean()), float(finite.std()), nan, inf)
+
+    def describe(self) -> str:
+        def number(x):
+            return "-" if x is None else f"{x:.6g}"
+        return (f"shape {self.shape} {self.dtype}  min {number(self.min)}  max {number(self.max)}  "
+                f"mean {number(self.mean)}  std {number(self.std)}  NaN {self.nan}  Inf {self.inf}")
+
+
+def as_rows(array: np.ndarray) -> np.ndarray:
+    """A stage output as a 2-D [tokens, features] view ([T, heads, hd] -> [T, heads * hd])."""
+    array = np.asarray(array)
+    return array.reshape(1, -1) if array.ndim < 2 else array.reshape(array.shape[0], -1)
+
+
+# ---- events ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GoldenRow:
+    """One golden prompt's rows of one stage: status "pass", "fail" or "absent" (nothing to compare)."""
+    step: int
+    stage: str
+    prompt: int
+    request_id: str
+    max_abs: float
+    max_rel: float
+    status: str
+    note: str = ""
+
+    @classmethod
+    def of(cls, step: int, request_id: str, r: StageResult) -> GoldenRow:
+        status = "absent" if r.note == "no golden" else "pass" if r.passed else "fail"
+        return cls(step, r.stage, r.prompt, request_id, r.max_abs, r.max_rel, status, r.note)
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    step: int                 # scheduler step (0 = the first)
+    index: int                # position of the stage within its step
+    name: str
+    kernel: str
+    layer: int | None
+    seconds: float
+    values: np.ndarray        # host copy of the output
+    stats: TensorStats
+    golden: tuple[GoldenRow, ...]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    seconds: float
+    num_batched_tokens: int
+    new_tokens: dict[str, list[int]]   # request id -> tokens this step sampled
+    finished: tuple[str, ...]          # request ids that finished in this step
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    step: int
+    name: str                 # a stage name, "schedule" or "step done"
+    kernel: str               # the kernel, or what happened
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    reason: str               # "stopped" (reached what was asked), "breakpoint", "idle" (nothing to run), "cancelled"
+    event: StageRecord | StepRecord | None
+    num_events: int
+    detail: str = ""
+
+
+# ---- breakpoints ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Breakpoint:
+    """`layer N` (entering layer N), `stage NAME` (a name or glob, e.g. layers.*.mlp; a bare name works
+    too), `finished [REQUEST_ID]` (a request finished), `golden [THRESHOLD]` (a golden error above the
+    threshold, relative; default: the session's rtol)."""
+    kind: str
+    value: object = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Breakpoint:
+        words = spec.split()
+        if not words:
+            raise ValueError("empty breakpoint: try 'layer 1', 'stage layers.1.mlp', 'finished', 'golden 1e-3'")
+        kind, args = words[0].lower(), words[1:]
+        try:
+            if kind == "layer" and len(args) == 1:
+                return cls("layer", int(args[0]))
+            if kind == "stage" and len(args) == 1:
+                return cls("stage", args[0])
+            if kind == "finished" and len(args) <= 1:
+                return cls("finished", args[0] if args else None)
+            if kind == "golden" and len(args) <= 1:
+                return cls("golden", float(args[0]) if args else None)
+        except ValueError:
+            pass
+        if len(words) == 1 and (words[0] in ("embedding", "final_norm", "logits") or "." in words[0]):
+            return cls("stage", words[0])
+        raise ValueError(f"cannot read breakpoint {spec!r}: try 'layer 1', 'stage layers.1.mlp', "
+                         f"'finished [id]', 'golden [threshold]'")
+
+    def hit(self, event, rtol: float) -> str | None:
+        """What was hit, or None."""
+        if isinstance(event, StageRecord):
+            if self.kind == "layer" and event.layer == self.value:
+                return f"entered layer {self.value} ({event.name})"
+            if self.kind == "stage" and fnmatch.fnmatchcase(event.name, str(self.value)):
+                return f"stage {event.name}"
+            if self.kind == "golden":
+                threshold = rtol if self.value is None else self.value
+                bad = [g for g in event.golden if g.status == "fail" or
+                       (g.status == "pass" and g.max_rel > threshold)]
+                if bad:
+                    return f"golden error at {event.name}: prompt {bad[0].prompt} rel {bad[0].max_rel:.3e}"
+        if isinstance(event, StepRecord) and self.kind == "finished":
+            ids = [r for r in event.finished if self.value is None or r == self.value]
+            if ids:
+                return f"request {ids[0]} finished"
+        return None
+
+
+# ---- views for the UI -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RequestView:
+    request_id: str
+    prompt: str
+    state: str                    # waiting | preempted | prefill | chunked | decode | finished | error
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    output_token_ids: tuple[int, ...]
+    output_text: str
+    finish_reason: str | None
+    error: str | None
+    ttft: float | None
+    itl_mean: float | None
+    golden_prompt: int | None
+    greedy_agree: tuple[int, int] | None   # (tokens agreeing with the golden greedy ids, tokens compared)
+
+
+@dataclass(frozen=True)
+class BlockView:
+    num_blocks: int
+    block_size: int
+    states: tuple[str, ...]        # per block: free | used | shared (ref count > 1) | cached (free, reusable)
+    ref_counts: tuple[int, ...]
+    just_allocated: frozenset[int]  # newly referenced since the current (or last) step began
+    just_freed: frozenset[int]
+    tables: tuple[tuple[str, tuple[int, ...]], ...]   # (request id, logical -> physical block ids)
+    usage: float
+    prefix_hit_rate: float
+
+
+@dataclass(frozen=True)
+class GoldenView:
+    source: str | None            # the golden file, None without one
+    rtol: float
+    rows: tuple[GoldenRow, ...]   # the current (or last) step's comparisons
+    first_failure: GoldenRow | None
+    absent_reason: str            # why this step has nothing to compare ("" when it has)
+
+
+@dataclass(frozen=True)
+class SessionView:
+    step: int                     # the step in progress, or the next one
+    in_step: bool
+    stage: StageRecord | None     # the latest stage
+    stages_done: int              # in the current step
+    stages_per_step: int
+    requests: tuple[RequestView, ...]
+    blocks: BlockView
+    golden: GoldenView
+    timeline: tuple[TimelineEntry, ...]
+    idle: bool                    # no request left to run
+
+
+@dataclass
+class SessionOptions:
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_tokens=8,
+                                                                          ignore_eos=True))
+    rtol: float = DEFAULT_RTOL
+
+
+class Session:
+    def __init__(self, engine: LLMEngine, goldens: Goldens | None = None, initial_prompts: list | None = None,
+                 options: SessionOptions | None = None):
+        """`initial_prompts` (text or token ids) are queued now and after every reset; default: the first
+        golden prompt, or nothing without goldens."""
+        self.goldens = goldens
+        self.options = options or SessionOptions()
+        if initial_prompts is None:
+            initial_prompts = [goldens.prompts[0]["input_ids"].tolist()] if goldens else []
+        self.initial_prompts = list(initial_prompts)
+        self._model, self._engine_config = engine.model, engine.config
+        self._lock = threading.RLock()
+        self._start(engine)
+
+    # ---- requests and reset ----------------------------------------------------------------------
+    def reset(self) -> None:
+        """A fresh engine (empty KV pool, no requests) on the same weights, with the initial prompts queued."""
+        with self._lock:
+            self._start(LLMEngine(self._model, self._engine_config, log=lambda message: None))
+
+    def _start(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.num_layers = engine.model.config.num_hidden_layers
+        self.step_index = 0
+        self.stage_index = 0
+        self.current: StageRecord | None = None
+        self.timeline: list[TimelineEntry] = []
+        self.golden_rows: list[GoldenRow] = []
+        self.first_failure: GoldenRow | None = None
+        self.request_ids: list[str] = []
+        self.golden_prompt_of: dict[str, int] = {}
+        self._stages = None
+        self._all_logits = False
+        self._step_start = 0.0
+        self._refs_before = tuple(engine.block_manager.ref_counts())
+        for prompt in self.initial_prompts:
+            self.add_request(prompt)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> str:
+        """Queue a prompt; it joins at the next scheduler step. Returns its request id."""
+        with self._lock:
+            request_id = self.engine.add_request(prompt, params or self.options.params)
+            self.request_ids.append(request_id)
+            ids = self.engine.request(request_id).prompt_token_ids
+            for p, golden in enumerate(self.goldens.prompts if self.goldens else []):
+                if golden["input_ids"].tolist() == ids:
+                    self.golden_prompt_of[request_id] = p
+                    break
+            return request_id
+
+    def prompt_from_text(self, text: str) -> str | list[int]:
+        """What the add-request box accepts: text, token ids as [1, 2, 3], or `golden N`."""
+        text = text.strip()
+        if re.fullmatch(r"\[[\d,\s]*\]", text):
+            return [int(t) for t in re.findall(r"\d+", text)]
+        golden = re.fullmatch(r"golden\s+(\d+)", text)
+        if golden and self.goldens:
+            p = int(golden.group(1))
+            if p >= len(self.goldens.prompts):
+                raise ValueError(f"the golden file has prompts 0..{len(self.goldens.prompts) - 1}")
+            return self.goldens.prompts[p]["input_ids"].tolist()
+        return text
+
+    # ---- stepping ----------------------------------------------------------------------------------
+    @property
+    def in_step(self) -> bool:
+        return self._stages is not None
+
+    @property
+    def idle(self) -> bool:
+        return not self.in_step and not self.engine.has_unfinished_requests()
+
+    def step_stage(self) -> StageRecord | StepRecord | None:
+        """Run one stage (the first of a new step if none is in progress), or finish the step once its
+        stages are done (sampling, stop rules). None when no request is left."""
+        with self._lock:
+            if self._stages is None:
+                if not self.engine.has_unfinished_requests():
+                    return None
+                self._begin_step()
+            try:
+                stage = next(self._stages)
+            except StopIteration as done:
+                return self._end_step(done.value or [])
+            return self._record_stage(stage)
+
+    def step_layer(self, cancelled=None, progress=None) -> RunResult:
+        """Up to the end of the current layer (its `output` stage); outside layers, up to the logits."""
+        return self._run(lambda e: isinstance(e, StepRecord) or e.name.endswith(".output") or e.name == "logits",
+                         cancelled, progress)
+
+    def step_decode(self, cancelled=None, progress=None) -> RunResult:
+        """To the end of the current scheduler step (a whole step when none is in progress)."""
+        return self._run(lambda e: isinstance(e, StepRecord), cancelled, progress)
+
+    def continue_to_end(self, cancelled=None, progress=None) -> RunResult:
+        return self._run(lambda e: False, cancelled, progress)
+
+    def run_until(self, breakpoint: Breakpoint, cancelled=None, progress=None) -> RunResult:
+        return self._run(lambda e: breakpoint.hit(e, self.options.rtol), cancelled, progress, breakpoint)
+
+    def _run(self, stop: Callable, cancelled: Callable[[], bool] | None, progress: Callable | None,
+             breakpoint: Breakpoint | None = None) -> RunResult:
+        """Step stages until `stop(event)`; between stages check `cancelled()` and report to `progress`."""
+        last, count = None, 0
+        while True:
+            if cancelled is not None and cancelled():
+                return RunResult("cancelled", last, count)
+            event = self.step_stage()
+            if event is None:
+                return RunResult("idle", last, count)
+            last, count = event, count + 1
+            if progress is not None:
+                progress(event)
+            hit = stop(event)
+            if hit:
+                reason = "breakpoint" if breakpoint else "stopped"
+                return RunResult(reason, event, count, hit if isinstance(hit, str) else "")
+
+    def _begin_step(self) -> None:
+        # Golden rows need logits for every prompt position, so any golden request still short of the
+        # end of its prompt asks for all of them this step.
+        self._all_logits = any(
+            (seq := self.engine.request(r).seq) is not None and not seq.is_finished
+            and seq.num_computed_tokens < seq.num_prompt_tokens for r in self.golden_prompt_of)
+        self._refs_before = tuple(self.engine.block_manager.ref_counts())
+        self._stages = self.engine.step_stages(all_logits=self._all_logits)
+        self._step_start = time.perf_counter()
+        self.stage_index = 0
+        self.golden_rows = []
+
+    def _record_stage(self, stage) -> StageRecord:
+        if self.stage_index == 0:
+            self.timeline.append(TimelineEntry(self.step_index, "schedule", self._describe_schedule()))
+        values = stage.to_host()
+        golden = tuple(self._compare(stage))
+        self.golden_rows += golden
+        if self.first_failure is None:
+            self.first_failure = next((g for g in golden if g.status == "fail"), None)
+        self.current = StageRecord(self.step_index, self.stage_index, stage.name, stage.kernel, stage.layer,
+                                   stage.seconds, values, TensorStats.of(values), golden)
+        self.timeline.append(TimelineEntry(self.step_index, stage.name, stage.kernel, stage.seconds))
+        self.stage_index += 1
+        return self.current
+
+    def _compare(self, stage):
+        if not self.goldens or (stage.name == "logits" and not self._all_logits):
+            return []
+        # Only prefill rows inside the golden prompt have goldens.
+        in_prompt = {s.seq.data.request_id for s in self.engine.last_schedule.scheduled
+                     if s.end <= s.seq.num_prompt_tokens}
+        request_ids = {r: p for r, p in self.golden_prompt_of.items() if r in in_prompt}
+        prompt_to_request = {p: r for r, p in request_ids.items()}
+        return [GoldenRow.of(self.step_index, prompt_to_request[r.prompt], r) for r in
+                compare_scheduled_rows(self.engine, stage, self.goldens, request_ids, self.options.rtol)]
+
+    def _describe_schedule(self) -> str:
+        parts = []
+        for s in self.engine.last_schedule.scheduled:
+            kind = "decode" if s.seq.num_output_tokens > 0 and s.num_new_tokens == 1 else "prefill"
+            parts.append(f"req {s.seq.data.request_id} {kind} {s.start}..{s.end - 1}")
+        preempted = [seq.data.request_id for seq in self.engine.last_schedule.preempted]
+        return ", ".join(parts) + (f"; preempted {preempted}" if preempted else "")
+
+    def _end_step(self, outputs) -> StepRecord:
+        self._stages = None
+        schedule = self.engine.last_schedule
+        record = StepRecord(self.step_index, time.perf_counter() - self._step_start,
+                            schedule.num_batched_tokens if schedule else 0,
+                            {o.request_id: list(o.new_token_ids) for o in outputs},
+                            tuple(o.request_id for o in outputs if o.finished))
+        sampled = ", ".join(f"req {r}: {t}" for r, t in record.new_tokens.items()) or "nothing sampled"
+        finished = f"; finished {list(record.finished)}" if record.finished else ""
+        self.timeline.append(TimelineEntry(self.step_index, "step done", sampled + finished, record.seconds))
+        self.step_index += 1
+        return record
+
+    # ---- views -------------------------------------------------------------------------------------
+    def view(self) -> SessionView:
+        with self._lock:
+            return SessionView(self.step_index, self.in_step, self.current,
+                               self.stage_index if self.in_step else 0, len(stage_names(self.num_layers)),
+                               tuple(self._request_view(r) for r in self.request_ids), self._block_view(),
+                               self._golden_view(), tuple(self.timeline), self.idle)
+
+    def _request_view(self, request_id: str) -> RequestView:
+        request = self.engine.request(request_id)
+        seq = request.seq
+        output = tuple(seq.output_token_ids) if seq else ()
+        m = self.engine.metrics.request_metrics(request_id)
+        p = self.golden_prompt_of.get(request_id)
+        greedy = None
+        if p is not None and "greedy_ids" in self.goldens.prompts[p] and output:
+            golden = self.goldens.prompts[p]["greedy_ids"].tolist()[:len(output)]
+            agree = next((i for i, (a, b) in enumerate(zip(golden, output)) if a != b), len(golden))
+            greedy = (agree, len(golden))
+        prompt = request.prompt
+        if prompt is None:  # given as token ids
+            prompt = self.engine.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
+        return RequestView(
+            request_id, prompt, "error" if request.error else seq.state, len(request.prompt_token_ids),
+            seq.num_computed_tokens if seq else 0, output, request.text, request.finish_reason, request.error,
+            m.ttft, float(np.mean(m.itls)) if m.itls else None, p, greedy)
+
+    def _block_view(self) -> BlockView:
+        bm = self.engine.block_manager
+        refs = tuple(bm.ref_counts())
+        states = tuple("shared" if r > 1 else s for r, s in zip(refs, bm.block_states()))
+        allocated = frozenset(i for i, (a, b) in enumerate(zip(self._refs_before, refs)) if a == 0 and b > 0)
+        freed = frozenset(i for i, (a, b) in enumerate(zip(self._refs_before, refs)) if a > 0 and b == 0)
+        tables = tuple((r, tuple(seq.block_table)) for r in self.request_ids
+                       if (seq := self.engine.request(r).seq) is not None and seq.block_table)
+        return BlockView(bm.num_blocks, bm.block_size, states, refs, allocated, freed, tables, bm.usage,
+                         bm.prefix_hit_rate)
+
+    def _golden_view(self) -> GoldenView:
+        if not self.goldens:
+            reason = "no golden file"
+        elif not self.golden_prompt_of:
+            reason = "no request's prompt is a golden prompt"
+        elif not self.golden_rows:
+            reason = ("golden prompts are past prefill (goldens hold prompt positions only)"
+                      if self.step_index or self.in_step else "no stage has run yet")
+        else:
+            reason = ""
+        return GoldenView(self.goldens.path.name if self.goldens else None, self.options.rtol,
+                          tuple(self.golden_rows), self.first_failure, reason)

@@ -1,0 +1,1 @@
+"""One panel per module; each has `show(...)` taking a snapshot from debugger.session."""

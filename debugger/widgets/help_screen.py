@@ -1,0 +1,33 @@
+"""The help screen (`?`): what each key does and how to write a breakpoint."""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+HELP = """\
+tinyvllm step-through debugger
+
+  s   step one stage of the forward pass (after the logits: finish the step: sample, stop rules)
+  l   step to the end of the current layer (outside the layers: to the logits)
+  d   step one decode step: the rest of the current scheduler step, or a whole one
+  c   continue until every request has finished
+  b   run until a breakpoint:  layer N · stage NAME (globs: layers.*.mlp) · finished [ID] · golden [THRESHOLD]
+  a   add a request: text, token ids as [1, 2, 3], or golden N (a golden file prompt)
+  r   reset: a fresh engine and KV pool with the initial prompts queued
+  x   cancel a running c / b / d / l
+  [ ] previous / next token row in the tensor inspector
+  ?   this help        q   quit
+
+Each stage runs the kernels named in the timeline; the tensor panel shows its output as [tokens, features].
+Golden diffs compare the stage's rows for requests whose prompt is a golden prompt (prompt positions
+only: decode steps have no goldens and say so). Press escape to close."""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [("escape", "app.pop_screen", "close"), ("question_mark", "app.pop_screen", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-box"):
+            yield Static(HELP, id="help-text", markup=False)

@@ -1,0 +1,83 @@
+"""Tensor inspector: the latest stage's output: stats, a sparkline of one token's row, a slice of values.
+
+The output is viewed as [tokens, features] (q/k/v's heads flattened); `[` and `]` pick the row.
+"""
+from __future__ import annotations
+
+import numpy as np
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Sparkline, Static
+
+from ..session import StageRecord, as_rows
+
+MAX_ROWS, MAX_COLS = 64, 48
+
+
+class TensorInspector(Vertical):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.record: StageRecord | None = None
+        self.row = -1   # which token's row the sparkline shows; -1 = the last
+
+    def compose(self) -> ComposeResult:
+        yield Static("no stage has run yet: press s", id="inspector-header")
+        yield Static(id="inspector-stats")
+        yield Static(id="inspector-row-label")
+        yield Sparkline([], id="inspector-sparkline")
+        yield DataTable(id="inspector-values", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        self.border_title = "Tensor"
+
+    def show(self, record: StageRecord | None) -> None:
+        if record is None:
+            self.query_one("#inspector-header", Static).update("no stage has run yet: press s")
+            self.query_one("#inspector-stats", Static).update("")
+            self.query_one("#inspector-values", DataTable).clear(columns=True)
+            self.query_one("#inspector-sparkline", Sparkline).data = []
+            self.record = None
+            return
+        if record is self.record:
+            return
+        self.record = record
+        layer = "" if record.layer is None else f" · layer {record.layer}"
+        self.query_one("#inspector-header", Static).update(Text.assemble(
+            ("stage ", "dim"), (record.name, "bold"), f" · step {record.step} · #{record.index}{layer}\n",
+            ("kernel ", "dim"), record.kernel, f" · {record.seconds * 1000:.1f} ms"))
+        self.query_one("#inspector-stats", Static).update(record.stats.describe())
+        self._show_values(as_rows(record.values))
+        self._show_row()
+
+    def select_row(self, delta: int) -> None:
+        if self.record is None:
+            return
+        rows = as_rows(self.record.values).shape[0]
+        current = self.row % rows
+        self.row = (current + delta) % rows
+        self._show_row()
+
+    def _show_row(self) -> None:
+        values = as_rows(self.record.values)
+        row = self.row % values.shape[0]
+        data = values[row].astype(np.float64)
+        finite = np.where(np.isfinite(data), data, 0.0)
+        self.query_one("#inspector-row-label", Static).update(
+            f"row {row} of {values.shape[0]} ({values.shape[1]} values, min {finite.min():.4g} "
+            f"max {finite.max():.4g}):")
+        self.query_one("#inspector-sparkline", Sparkline).data = finite.tolist()
+
+    def _show_values(self, values: np.ndarray) -> None:
+        table = self.query_one("#inspector-values", DataTable)
+        table.clear(columns=True)
+        rows, cols = min(values.shape[0], MAX_ROWS), min(values.shape[1], MAX_COLS)
+        table.add_column("row")
+        table.add_columns(*[str(c) for c in range(cols)])
+        if cols < values.shape[1]:
+            table.add_column(f"…{values.shape[1] - cols} more")
+        for r in range(rows):
+            cells = [f"{v:.4g}" for v in values[r, :cols]]
+            table.add_row(str(r), *cells, *(["…"] if cols < values.shape[1] else []))
+        if rows < values.shape[0]:
+            table.add_row(f"…{values.shape[0] - rows} more", *[""] * (len(table.columns) - 1))

@@ -1,0 +1,136 @@
+"""The debugger app driven by Pilot (headless): press keys, read what the panels show."""
+import asyncio
+
+import numpy as np
+import pytest
+from textual.widgets import DataTable, Static
+
+from debugger.app import DebuggerApp
+from debugger.session import Session
+from debugger.widgets.help_screen import HelpScreen
+from kernels_numba.bf16 import bf16_to_f32_ref
+from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
+from tinyvllm.model import default_model_dir, load_model
+from tinyvllm.weights import load_weights
+
+PROMPT = [384, 341, 265, 84, 77, 220, 81, 90]   # 8 tokens: two full blocks of 4
+
+
+def make_app(prompts, goldens=None):
+    engine = LLMEngine(None, EngineConfig(num_blocks=32, block_size=4), log=lambda message: None)
+    return DebuggerApp(Session(engine, goldens, prompts))
+
+
+def drive(app, scenario, size=(160, 50)):
+    async def run():
+        async with app.run_test(size=size) as pilot:
+            await scenario(pilot)
+    asyncio.run(run())
+
+
+async def press(pilot, *keys):
+    """Press keys and wait until the engine worker is done and its messages are handled."""
+    await pilot.press(*keys)
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def text(app, selector) -> str:
+    content = app.query_one(selector, Static).content
+    return getattr(content, "plain", str(content))
+
+
+def cells(table: DataTable, row: int) -> list[str]:
+    return [getattr(c, "plain", str(c)) for c in table.get_row_at(row)]
+
+
+def test_stepping_a_stage_then_a_layer_shows_the_stage_and_its_stats():
+    host = load_weights(default_model_dir(), load_model(None, log=lambda m: None).config)
+    embedding = bf16_to_f32_ref(host["model.embed_tokens.weight"])[PROMPT]  # independent of the kernel
+    app = make_app([PROMPT])
+
+    async def scenario(pilot):
+        await press(pilot, "s")
+        assert "stage embedding · step 0 · #0" in text(app, "#inspector-header")
+        assert text(app, "#inspector-stats") == (
+            f"shape (8, 64) float32  min {embedding.min():.6g}  max {embedding.max():.6g}  "
+            f"mean {embedding.astype(np.float64).mean():.6g}  std {embedding.astype(np.float64).std():.6g}  "
+            f"NaN 0  Inf 0")
+        values = app.query_one("#inspector-values", DataTable)
+        assert cells(values, 7)[:3] == ["7", f"{embedding[7, 0]:.4g}", f"{embedding[7, 1]:.4g}"]
+        assert "row 7 of 8" in text(app, "#inspector-row-label")
+        await pilot.press("left_square_bracket")
+        assert "row 6 of 8" in text(app, "#inspector-row-label")
+        assert text(app, "#status").startswith("ran embedding (embedding.embedding")
+        await press(pilot, "l")
+        assert "stage layers.0.output · step 0 · #10 · layer 0" in text(app, "#inspector-header")
+        assert app.query_one("#timeline").lines[-1].split()[2] == "layers.0.output"
+        assert "running 1 · waiting 0" in text(app, "#scheduler-summary")
+        assert cells(app.query_one("#scheduler-table", DataTable), 0)[1] == "prefill"
+        assert text(app, "#golden-summary") == "goldens: absent (no golden file)"
+    drive(app, scenario)
+
+
+def test_a_block_table_after_two_requests_share_a_prefix():
+    app = make_app([PROMPT])
+
+    async def scenario(pilot):
+        await press(pilot, "d")                      # prefill: the 8 prompt tokens fill blocks 0 and 1
+        await press(pilot, "a")
+        assert app.query_one("#command-input").has_class("visible")
+        await pilot.press(*"[384, 341, 265, 84, 77, 220, 81, 90, 5, 6]", "enter")  # "d" here must not step
+        await pilot.pause()
+        assert text(app, "#status") == "added request 2: it joins at the next scheduler step"
+        await press(pilot, "s")                      # the next step admits it with a prefix-cache hit
+        blocks = text(app, "#blocks-text")
+        assert "req 0: 0→0* 1→1* 2→2\n" in blocks
+        assert "req 2: 0→0* 1→1* 2→3\n" in blocks
+        assert "usage 4/32 (12.5%) · shared 2 · cached 0 · free 28 · prefix hits 44.4%"  # 8 hits of 8 + 10 looked-up tokens in blocks
+        assert " 0   1   2+  3+" in blocks                # only the blocks this step took are marked new
+        assert "running 2 · waiting 0" in text(app, "#scheduler-summary")
+    drive(app, scenario)
+
+
+def test_a_corrupted_weight_makes_the_golden_panel_flag_the_first_failing_stage(monkeypatch):
+    import tinyvllm.model as model_module
+
+    def corrupted_load(model_dir, config, **kwargs):
+        weights = load_weights(model_dir, config, **kwargs)
+        w = weights["model.layers.1.mlp.down_proj.weight"].copy()
+        w[3, :] = np.uint16(0x4000)  # every weight of output row 3 becomes 2.0
+        weights["model.layers.1.mlp.down_proj.weight"] = w
+        return weights
+    monkeypatch.setattr(model_module, "load_weights", corrupted_load)
+    app = make_app(None, Goldens.load(DEFAULT_GOLDENS))   # the first golden prompt, queued by default
+
+    async def scenario(pilot):
+        await pilot.press("b", *"golden", "enter")
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        assert text(app, "#status").startswith("breakpoint: golden error at layers.1.mlp: prompt 0")
+        assert "first failure: step 0 layers.1.mlp (prompt 0" in text(app, "#golden-summary")
+        table = app.query_one("#golden-table", DataTable)
+        rows = [cells(table, i) for i in range(table.row_count)]
+        assert [r[0] for r in rows][-2:] == ["layers.1.post_norm", "layers.1.mlp"]
+        assert all(r[4] == "PASS" for r in rows[:-1])
+        assert rows[-1][4] == "FAIL ◀ first failure" and float(rows[-1][3]) > 1e-2
+        assert table.cursor_row == len(rows) - 1
+    drive(app, scenario)
+
+
+def test_help_screen_and_cancel():
+    app = make_app([PROMPT])
+
+    async def scenario(pilot):
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "run until a breakpoint" in str(app.screen.query_one("#help-text", Static).content)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("c", "x")
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        assert text(app, "#status").startswith("cancelled after")
+        assert not app.busy
+    drive(app, scenario)
