@@ -2,9 +2,10 @@
 
     y = w * (x * rsqrt(mean(x^2) + eps))        (w decoded from bf16; this product order, as HF)
 
-Launch layout: one block per row; its threads stride over the row summing x^2, a shared-memory tree
-reduction (power-of-two block) gives the row's sum, thread 0 turns it into the scale, then every thread
-writes its strided share of the row.
+Launch layout: one block per row on the GPU (blocks stride over rows, so the simulator can run a grid
+of SIMULATOR_BLOCKS); its threads stride over the row summing x^2, a shared-memory tree reduction
+(power-of-two block) gives the row's sum, thread 0 turns it into the scale, then every thread writes its
+strided share of the row.
 """
 import math
 
@@ -15,42 +16,44 @@ from .common import SIMULATOR, cuda, jit
 
 MAX_THREADS = 1024
 # A simulated syncthreads waits for every thread of the block to be scheduled (~2.5 ms per thread per
-# barrier), so the simulator gets tiny blocks: 4 threads still run the tree reduction, 15x faster than 32.
+# barrier) and each simulated block costs ~5 ms to set up, so the simulator gets tiny blocks (4 threads
+# still run the tree reduction) and few of them.
 DEFAULT_THREADS = 4 if SIMULATOR else 128
+SIMULATOR_BLOCKS = 2
 
 
 @jit
 def rmsnorm_kernel(x, weight, eps, out):
-    row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
-    hidden = x.shape[1]
+    n_rows, hidden = x.shape
     partial = cuda.shared.array(MAX_THREADS, np.float32)
     scale = cuda.shared.array(1, np.float32)
-
-    acc = np.float32(0.0)
-    for col in range(tid, hidden, n_threads):
-        v = x[row, col]
-        acc += v * v
-    partial[tid] = acc
-    cuda.syncthreads()
-
-    stride = n_threads // 2
-    while stride > 0:
-        if tid < stride:
-            partial[tid] += partial[tid + stride]
+    for row in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
+        acc = np.float32(0.0)
+        for col in range(tid, hidden, n_threads):
+            v = x[row, col]
+            acc += v * v
+        partial[tid] = acc
         cuda.syncthreads()
-        stride //= 2
 
-    if tid == 0:
-        mean_square = partial[0] / np.float32(hidden)
-        # no libdevice rsqrt in the simulator; 1/sqrt in float32 differs from it by at most ~1 ulp
-        scale[0] = np.float32(np.float32(1.0) / np.float32(math.sqrt(mean_square + eps)))
-    cuda.syncthreads()
+        stride = n_threads // 2
+        while stride > 0:
+            if tid < stride:
+                partial[tid] += partial[tid + stride]
+            cuda.syncthreads()
+            stride //= 2
 
-    s = scale[0]
-    for col in range(tid, hidden, n_threads):
-        out[row, col] = bf16_to_f32(weight[col]) * (x[row, col] * s)
+        if tid == 0:
+            mean_square = partial[0] / np.float32(hidden)
+            # no libdevice rsqrt in the simulator; 1/sqrt in float32 differs from it by at most ~1 ulp
+            scale[0] = np.float32(np.float32(1.0) / np.float32(math.sqrt(mean_square + eps)))
+        cuda.syncthreads()
+
+        s = scale[0]
+        for col in range(tid, hidden, n_threads):
+            out[row, col] = bf16_to_f32(weight[col]) * (x[row, col] * s)
+        cuda.syncthreads()  # every thread has read scale[0] before the next row's thread 0 rewrites it
 
 
 def rmsnorm(x, weight_bits, eps, out=None, threads=None):
@@ -62,7 +65,8 @@ def rmsnorm(x, weight_bits, eps, out=None, threads=None):
     out = cuda.device_array(x.shape, np.float32) if out is None else out
     assert out.shape == x.shape, (out.shape, x.shape)
     if n_rows:
-        rmsnorm_kernel[n_rows, threads](x, weight_bits, np.float32(eps), out)
+        blocks = min(n_rows, SIMULATOR_BLOCKS) if SIMULATOR else n_rows
+        rmsnorm_kernel[blocks, threads](x, weight_bits, np.float32(eps), out)
     return out
 
 
