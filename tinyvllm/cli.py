@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-greedy", action="store_true", help="skip the greedy continuation check")
     c.set_defaults(run=_check_goldens)
 
+    from . import bench
+    b = sub.add_parser("bench", help="benchmark latency, prefill, throughput and serving (optionally vs HF)",
+                       description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_arguments(b)
+    b.set_defaults(run=bench.run)
+
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
     _engine_args(d)

@@ -1,0 +1,231 @@
+"""`tinyvllm bench` on the demo model in the simulator: tiny versions of every workload write the JSON and
+CSV they promise, with token counts equal to what was requested. Nothing here asserts on speed."""
+import contextlib
+import csv
+import io
+import json
+import math
+import shlex
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from tinyvllm import bench
+from tinyvllm.bench import BenchConfig, Workloads
+from tinyvllm.cli import _parser, main
+from tinyvllm.demo import DEMO_MODEL_DIR
+
+# 3 requests of 4-8 prompt tokens and 2-3 new tokens: the simulator does about one engine step a second.
+TINY = ["--latency-prompt", "4", "--latency-new-tokens", "2", "--prefill-lens", "3,6", "--prefill-repeats", "1",
+        "--num-requests", "3", "--min-len", "4", "--max-len", "8", "--min-output-len", "2", "--max-output-len", "3",
+        "--serving-requests", "3", "--request-rate", "50"]
+
+
+def run(capsys, *argv):
+    code = main(["bench", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Every workload once, both batching modes: (exit code, stdout, report JSON, CSV rows, out dir)."""
+    out_dir = tmp_path_factory.mktemp("bench")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["bench", *TINY, "--out", str(out_dir)])
+    report = json.loads((out_dir / "bench.json").read_text())
+    with open(out_dir / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return code, stdout.getvalue(), report, rows, out_dir
+
+
+def results(report, workload):
+    return [r for r in report["results"] if r["workload"] == workload]
+
+
+def test_every_workload_runs_to_completion_and_writes_json_and_csv(tiny_run):
+    code, stdout, report, csv_rows, out_dir = tiny_run
+    assert code == 0
+    assert {"format", "command", "environment", "model", "config", "engine_config", "copy_bandwidth", "results",
+            "comparisons", "notes"} <= set(report)
+    assert [r["workload"] for r in report["results"]] == ["latency", "prefill", "prefill", "throughput",
+                                                          "throughput", "serving"]
+    assert all(r["system"] == "tinyvllm" and r["completed"] and not r["stopped_early"] for r in report["results"])
+    assert report["comparisons"] == []                         # no --compare
+    assert len(csv_rows) == len(report["results"])
+    for row, result in zip(csv_rows, report["results"]):
+        assert row["workload"] == result["workload"] and row["variant"] == result["variant"]
+        if "output_tok_s" in result:
+            assert float(row["output_tok_s"]) == pytest.approx(result["output_tok_s"], rel=1e-12)
+    for workload in ("latency", "prefill", "throughput", "serving"):
+        assert workload in stdout
+    assert (out_dir / "bench.png").exists() == _has_matplotlib()
+
+
+def test_latency_counts_every_requested_token_and_times_are_positive(tiny_run):
+    (row,) = results(tiny_run[2], "latency")
+    assert row["variant"] == "batch 1, 4+2"
+    assert row["prompt_tokens"] == 4 and row["output_tokens"] == row["requested_output_tokens"] == 2
+    assert row["ttft_ms"] > 0 and row["tpot_ms"] > 0
+    assert row["output_tok_s"] == pytest.approx(2 / row["elapsed_s"], rel=1e-12)
+    # the first token and one decode step happen inside the run's wall time
+    assert row["ttft_ms"] + row["tpot_ms"] <= 1e3 * row["elapsed_s"]
+    copy = tiny_run[2]["copy_bandwidth"]
+    weights = tiny_run[2]["model"]["weight_bytes"]
+    assert row["hbm_roofline_fraction"] == pytest.approx(weights / (row["tpot_ms"] / 1e3) / (copy["gb_per_s"] * 1e9))
+
+
+def test_weight_bytes_are_the_checkpoint_tensors_once_each():
+    with safe_open(str(DEMO_MODEL_DIR / "model.safetensors"), "np") as f:
+        # bf16 on the device: 2 bytes per element of every stored tensor (the demo ties lm_head, stores it once)
+        expected = sum(2 * math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    from tinyvllm.config import ModelConfig
+    assert bench.weight_bytes(ModelConfig.from_model_dir(DEMO_MODEL_DIR)) == expected
+
+
+def test_prefill_measures_each_prompt_length(tiny_run):
+    rows = results(tiny_run[2], "prefill")
+    assert [r["prompt_len"] for r in rows] == [3, 6]
+    assert all(r["num_finished"] == 1 and r["ttft_ms"] > 0 and len(r["ttft_ms_all"]) == 1 for r in rows)
+    assert all(r["prefill_tok_s"] == pytest.approx(r["prompt_len"] / (r["ttft_ms"] / 1e3)) for r in rows)
+
+
+def test_throughput_runs_nano_vllm_workload_in_both_modes_with_all_tokens(tiny_run):
+    # The workload's contract: seed 0, the throughput stream, prompt then output lengths uniform in the ranges.
+    rng = np.random.default_rng([0, bench.WORKLOADS.index("throughput")])
+    prompt_lens, output_lens = rng.integers(4, 9, 3), rng.integers(2, 4, 3)
+    rows = results(tiny_run[2], "throughput")
+    assert [r["variant"] for r in rows] == ["continuous", "static"]
+    for r in rows:
+        assert r["num_finished"] == 3 and r["num_errored"] == 0
+        assert r["prompt_tokens"] == prompt_lens.sum()
+        assert r["output_tokens"] == r["requested_output_tokens"] == output_lens.sum()
+        assert r["output_tok_s"] > 0
+
+
+def test_serving_reports_ordered_percentiles_from_arrival(tiny_run):
+    (r,) = results(tiny_run[2], "serving")
+    assert r["num_finished"] == 3 and r["output_tokens"] == r["requested_output_tokens"]
+    for name in ("ttft", "itl", "e2e"):
+        assert 0 < r[f"{name}_p50_ms"] <= r[f"{name}_p95_ms"] <= r[f"{name}_p99_ms"]
+    assert r["ttft_p99_ms"] <= r["e2e_p99_ms"]
+    assert r["engine_summary"]["num_completed"] == 3
+
+
+def test_the_recorded_command_reproduces_the_config(tiny_run):
+    report = tiny_run[2]
+    args = _parser().parse_args(shlex.split(report["command"])[1:])
+    assert bench.config_from_args(args) == BenchConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                                          for k, v in report["config"].items()})
+
+
+def test_a_run_past_max_seconds_stops_and_says_how_far_it_got(capsys, tmp_path):
+    code, out, err = run(capsys, *TINY, "--workload", "throughput", "--batching", "static", "--max-seconds", "0.001",
+                         "--no-warmup", "--out", str(tmp_path))
+    assert code == 0, err
+    (row,) = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert row["stopped_early"] and not row["completed"]
+    assert row["num_finished"] < row["num_requests"] == 3 and row["output_tokens"] < row["requested_output_tokens"]
+    assert "stopped at --max-seconds" in out and "static *" in out
+
+
+def test_workloads_are_deterministic_and_fit_the_context():
+    cfg = BenchConfig(num_requests=20, min_len=5, max_len=30, serving_requests=7, request_rate=2.0,
+                      prefill_lens=(10, 50, 5000), prefill_repeats=2)
+    a, b = Workloads.make(cfg, 640, 40), Workloads.make(cfg, 640, 40)
+    assert [r.prompt_ids for r in a.throughput] == [r.prompt_ids for r in b.throughput]
+    assert list(a.prefill) == [10, 39]                               # 50 and 5000 capped to the context
+    assert all(len(r.prompt_ids) + r.max_tokens <= 40 for r in a.throughput + a.serving + a.latency)
+    assert all(0 <= t < 640 for r in a.throughput for t in r.prompt_ids)
+    assert a.prefill[10][0].prompt_ids != a.prefill[10][1].prompt_ids   # repeats are fresh prompts
+    arrivals = [r.arrival for r in a.serving]
+    assert arrivals[0] == 0 and all(x < y for x, y in zip(arrivals, arrivals[1:]))
+
+
+def test_poisson_arrivals_have_the_requested_rate():
+    arrivals = bench.poisson_arrivals(np.random.default_rng(0), 20_000, 4.0)
+    # mean gap 1/rate = 0.25 s; the mean of 20k exponential gaps has a relative sd of 1/sqrt(20000) = 0.7%:
+    # 3.5% is 5 sigma (and the seed is fixed)
+    assert np.diff(arrivals).mean() == pytest.approx(0.25, rel=0.035)
+    assert not bench.poisson_arrivals(np.random.default_rng(0), 5, math.inf).any()
+
+
+def test_ratios_are_tinyvllm_over_hf_on_the_same_point():
+    rows = [{"workload": "throughput", "system": "tinyvllm", "variant": "continuous", "compare_key": "all requests",
+             "output_tok_s": 300.0, "num_finished": 4},
+            {"workload": "throughput", "system": "tinyvllm", "variant": "static", "compare_key": "all requests",
+             "output_tok_s": 150.0, "num_finished": 4},
+            {"workload": "throughput", "system": "hf", "variant": "static x64", "compare_key": "all requests",
+             "output_tok_s": 100.0, "num_finished": 4},
+            {"workload": "prefill", "system": "tinyvllm", "variant": "prompt 8", "compare_key": "prompt 8",
+             "ttft_ms": 5.0, "prefill_tok_s": 1600.0}]
+    ratios = {(c["variant"], c["metric"]): c["ratio"] for c in bench.comparisons(rows)}
+    assert ratios == {("continuous", "output_tok_s"): 3.0, ("static", "output_tok_s"): 1.5,
+                      ("continuous", "num_finished"): 1.0, ("static", "num_finished"): 1.0}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "latency,bogus"], "unknown workload(s) ['bogus']"),
+    (["--batching", "dynamic"], "unknown batching mode(s) ['dynamic']"),
+    (["--min-len", "9", "--max-len", "3"], "--min-len 9 > --max-len 3"),
+    (["--request-rate", "0"], "--request-rate must be > 0"),
+])
+def test_bad_settings_get_one_clear_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 1 and err.startswith("error: bench: ") and message in err
+
+
+def _torch_has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_torch_has_cuda(), reason="torch sees a GPU here")
+def test_compare_hf_without_a_gpu_says_it_needs_one_before_any_work(capsys):
+    code, out, err = run(capsys, "--compare", "hf", "--workload", "latency")
+    assert code == 1
+    assert err.startswith("error: --compare hf needs") and "loading" not in err
+
+
+def test_compare_hf_dry_run_on_cpu_puts_hf_beside_tinyvllm(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    code, out, err = run(capsys, *TINY, "--workload", "latency,throughput", "--batching", "static", "--no-warmup",
+                         "--compare", "hf", "--hf-device", "cpu", "--hf-batch-size", "2", "--out", str(tmp_path))
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench.json").read_text())
+    hf = {r["workload"]: r for r in report["results"] if r["system"] == "hf"}
+    assert set(hf) == {"latency", "throughput"}
+    assert hf["latency"]["output_tokens"] == 2 and hf["latency"]["ttft_ms"] > 0 and hf["latency"]["tpot_ms"] > 0
+    # two static batches of 2 + 1 requests: only the tokens each request asked for count
+    assert hf["throughput"]["output_tokens"] == hf["throughput"]["requested_output_tokens"]
+    assert hf["throughput"]["num_finished"] == 3
+    ratios = {(c["workload"], c["metric"]) for c in report["comparisons"]}
+    assert {("latency", "tpot_ms"), ("throughput", "output_tok_s")} <= ratios
+    assert "tinyvllm/HF" in out and report["environment"]["hf"].startswith("transformers")
+
+
+def test_random_model_dir_is_written_once_with_a_tokenizer_for_its_vocabulary(tmp_path):
+    from tinyvllm.model import load_model
+    from tinyvllm.random_model import LLAMA_3_2_1B_CONFIG
+    tiny = dict(LLAMA_3_2_1B_CONFIG, vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    bench.prepare_random_model(tmp_path, tiny, log=lambda message: None)
+    written = (tmp_path / "model.safetensors").stat().st_mtime_ns
+    bench.prepare_random_model(tmp_path, tiny, log=lambda message: None)
+    assert (tmp_path / "model.safetensors").stat().st_mtime_ns == written
+    model = load_model(tmp_path, log=lambda message: None)
+    assert model.config.vocab_size == 300 and model.tokenizer.vocab_size == 300
+    assert model.tokenizer.decode([7, 299]) == "<t7> <t299>"
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
