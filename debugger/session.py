@@ -441,7 +441,9 @@ class Session:
             prompt = self.engine.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
         return RequestView(
             request_id, prompt, "error" if request.error else seq.state, len(request.prompt_token_ids),
-            seq.num_computed_tokens if seq else 0, output, request.text, request.finish_reason, request.error,
+            seq.num_computed_tokens if seq else 0, output,
+            request.text if request.text is not None else self.engine.tokenizer.decode(list(output)),
+            request.finish_reason, request.error,
             m.ttft, float(np.mean(m.itls)) if m.itls else None, p, greedy)
 
     def _block_view(self) -> BlockView:

@@ -15,7 +15,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -67,12 +67,21 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     token_ids: list[int]                  # every output token so far
-    text: str                             # decoded output, special tokens and stop strings removed
     new_token_ids: list[int] = field(default_factory=list)   # what this step added (streaming)
     finished: bool = False
     finish_reason: str | None = None      # "stop" | "length" | "error" | "abort"
     error: str | None = None
     metrics: RequestMetrics | None = None
+    _text: str | None = field(default=None, repr=False)
+    _detokenize: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The decoded output, special tokens and stop strings removed; decoded when first asked for, so
+        serving many requests does not re-decode every growing output at every step."""
+        if self._text is None:
+            self._text = self._detokenize(self.token_ids) if self._detokenize and self.token_ids else ""
+        return self._text
 
 
 @dataclass(eq=False)
@@ -83,7 +92,7 @@ class _Request:
     params: SamplingParams
     seed: int
     seq: Sequence | None = None
-    text: str = ""
+    text: str | None = None               # set once stop strings cut it; else decoded on demand
     reported_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
@@ -289,15 +298,15 @@ class LLMEngine:
         seq, p = request.seq, request.params
         token = seq.token_ids[-1]
         n_out = seq.num_output_tokens
-        request.text = self.tokenizer.decode(seq.output_token_ids)
         reason = None
         if n_out >= p.min_tokens:
             if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
                 reason = "stop"
-            else:
-                cut = min((i for i in (request.text.find(s) for s in p.stop) if i >= 0), default=-1)
+            elif p.stop:  # only stop strings need the text while running
+                text = self.tokenizer.decode(seq.output_token_ids)
+                cut = min((i for i in (text.find(s) for s in p.stop) if i >= 0), default=-1)
                 if cut >= 0:
-                    request.text, reason = request.text[:cut], "stop"
+                    request.text, reason = text[:cut], "stop"
         if reason is None and n_out >= seq.max_tokens:
             reason = "length"
         if reason is not None:
@@ -310,7 +319,8 @@ class LLMEngine:
         new = token_ids[request.reported_tokens:]
         request.reported_tokens = len(token_ids)
         return RequestOutput(
-            request.request_id, request.prompt, request.prompt_token_ids, list(token_ids), request.text,
+            request.request_id, request.prompt, request.prompt_token_ids, list(token_ids),
             new_token_ids=list(new), finished=request.finish_reason is not None,
             finish_reason=request.finish_reason, error=request.error,
-            metrics=self.metrics.request_metrics(request.request_id))
+            metrics=self.metrics.request_metrics(request.request_id),
+            _text=request.text, _detokenize=self.tokenizer.decode)
