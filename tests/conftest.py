@@ -1,11 +1,8 @@
 """Tests run in numba's CUDA simulator unless TINYVLLM_TEST_GPU=1 (then on the real GPU)."""
 import os
-import sys
 
 if os.environ.get("TINYVLLM_TEST_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-# The simulator's syncthreads waits on Python thread switches: a shorter interval makes it 2-4x faster.
-sys.setswitchinterval(1e-3)
 
 import zlib
 
