@@ -27,18 +27,32 @@ sequences may share the same prefix blocks.
   syncthreads, each thread scores its query against the keys it may see (causal), rescales its running
   (m, l, acc) once per key tile by the tile's max, accumulates, syncthreads, next key tile. Scores only
   ever exist for one KTILE at a time: no T x T matrix is materialised.
+- `paged_attention_split_keys`: the same varlen contract as per_query, but one BLOCK per (query, head)
+  (grid (T, n_heads), SPLIT_THREADS threads) instead of one thread: thread i walks keys i, i + n, i + 2n, ...
+  (neighbouring threads read neighbouring key rows) with its own online-softmax state (m_i, l_i, acc_i).
+  The block then merges: m_i and l_i go to shared memory, every thread computes M = max_i m_i and
+  L = sum_i l_i exp(m_i - M); the accumulators are summed MERGE_DIMS dimensions at a time through a shared
+  [SPLIT_THREADS_MAX, MERGE_DIMS] array, each scaled by exp(m_i - M), and divided by L. A thread that got no
+  key has m_i = -inf, l_i = 0 and weighs exp(-inf) = 0; key 0 always exists, so M is finite. Per_query
+  leaves a decode step with T * n_heads busy threads (32 at batch 1 on Llama-3.2-1B) each walking the
+  whole context serially; here T * n_heads blocks of SPLIT_THREADS threads share that walk, so long
+  contexts fill the GPU and each thread's serial chain is context / SPLIT_THREADS keys long.
 """
 from dataclasses import dataclass
 import math
 
 import numpy as np
 
-from .common import cuda, jit, cdiv, grid_stride_launch
+from .common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch
 
 THREADS = 128
 MAX_HEAD_DIM = 256  # size of the per-thread accumulators: cuda.local.array needs a compile-time size
 QTILE = 16  # queries per prefill block (one thread each)
 KTILE = 16  # key positions per shared-memory tile
+SPLIT_THREADS_MAX = 128  # rows of the split-keys merge buffers (shared sizes are compile-time constants)
+SPLIT_THREADS = 4 if SIMULATOR else SPLIT_THREADS_MAX  # threads sharing one (query, head); each syncthreads
+#                                                        costs milliseconds in the simulator
+MERGE_DIMS = 32  # head_dim columns merged per round: SPLIT_THREADS_MAX x MERGE_DIMS x 4 B = 16 KB of shared
 
 
 @jit
@@ -164,6 +178,72 @@ def paged_attention_prefill_kernel(q, k_pool, v_pool, block_tables, tile_seq, ti
             out[t, h, d] = acc[d] * inv_sum
 
 
+@jit
+def paged_attention_split_keys_kernel(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out):
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    n_threads = cuda.blockDim.x
+    head_dim = q.shape[2]
+    block_size = k_pool.shape[1]
+    kv_head = h // (q.shape[1] // k_pool.shape[2])
+    b = query_seq[t]
+    context_len = query_pos[t] + 1  # causal: keys 0..position
+    # one shared array per line: the simulator aliases two declared on the same line
+    thread_max = cuda.shared.array(SPLIT_THREADS_MAX, np.float32)
+    thread_sum = cuda.shared.array(SPLIT_THREADS_MAX, np.float32)
+    merge = cuda.shared.array((SPLIT_THREADS_MAX, MERGE_DIMS), np.float32)
+
+    q_scaled = cuda.local.array(MAX_HEAD_DIM, np.float32)
+    acc = cuda.local.array(MAX_HEAD_DIM, np.float32)
+    for d in range(head_dim):
+        q_scaled[d] = q[t, h, d] * scale  # scale once here, so each score is a plain dot product
+        acc[d] = np.float32(0.0)
+    running_max = np.float32(-math.inf)  # stays -inf, with running_sum 0, for a thread that gets no key
+    running_sum = np.float32(0.0)
+
+    for j in range(tid, context_len, n_threads):
+        block = block_tables[b, j // block_size]
+        offset = j % block_size
+        score = np.float32(0.0)
+        for d in range(head_dim):
+            score += q_scaled[d] * k_pool[block, offset, kv_head, d]
+        if score > running_max:
+            correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
+            running_sum *= correction
+            for d in range(head_dim):
+                acc[d] *= correction
+            running_max = score
+        weight = np.float32(math.exp(score - running_max))
+        running_sum += weight
+        for d in range(head_dim):
+            acc[d] += weight * v_pool[block, offset, kv_head, d]
+
+    thread_max[tid] = running_max
+    thread_sum[tid] = running_sum
+    cuda.syncthreads()
+    block_max = np.float32(-math.inf)
+    for i in range(n_threads):
+        block_max = max(block_max, thread_max[i])  # finite: thread 0 always has key 0
+    total = np.float32(0.0)
+    for i in range(n_threads):
+        total += thread_sum[i] * np.float32(math.exp(thread_max[i] - block_max))
+    own_weight = np.float32(math.exp(running_max - block_max))  # 0 for a thread without keys
+    inv_total = np.float32(1.0) / total
+
+    for d_start in range(0, head_dim, MERGE_DIMS):
+        width = min(MERGE_DIMS, head_dim - d_start)
+        for d in range(width):
+            merge[tid, d] = acc[d_start + d] * own_weight
+        cuda.syncthreads()
+        for d in range(tid, width, n_threads):  # thread d sums column d over the block's threads
+            column = np.float32(0.0)
+            for i in range(n_threads):
+                column += merge[i, d]
+            out[t, h, d_start + d] = column * inv_total
+        cuda.syncthreads()  # nobody overwrites the buffer while another thread still sums it
+
+
 @dataclass
 class PrefillTiles:
     """Device arrays describing the prefill query tiles; build once per step, reuse for every layer."""
@@ -252,6 +332,23 @@ def paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, query_
     return out
 
 
+def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
+    """Same contract as paged_attention_per_query (query t of sequence query_seq[t] attends to keys
+    0..query_pos[t]), but one block of SPLIT_THREADS threads per (query, head) splits the keys: the decode
+    kernel for GPUs, where per_query leaves most of the chip idle."""
+    num_queries, n_heads, _ = q.shape
+    _check_pool(q, k_pool, v_pool, block_tables)
+    assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
+                                                                                     query_pos.shape)
+    assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
+    assert 1 <= SPLIT_THREADS <= SPLIT_THREADS_MAX, f"SPLIT_THREADS {SPLIT_THREADS} outside 1..{SPLIT_THREADS_MAX}"
+    out = _output(q, out)
+    if num_queries > 0:
+        paged_attention_split_keys_kernel[(num_queries, n_heads), SPLIT_THREADS](
+            q, k_pool, v_pool, block_tables, query_seq, query_pos, np.float32(scale), out)
+    return out
+
+
 def paged_attention_decode(q, k_pool, v_pool, block_tables, context_lens, scale, out=None):
     """q [B, n_heads, head_dim]: sequence b's query at position context_lens[b] - 1 (>= 0) attends to its
     context_lens[b] keys through block_tables[b]. Returns out [B, n_heads, head_dim]."""
@@ -295,7 +392,7 @@ def write_kv_paged_ref(k, v, k_pool, v_pool, slot_mapping):
 
 
 def paged_attention_ref(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale):
-    """numpy twin of both attention launchers: gathers each query's keys through the block table, then a
+    """numpy twin of all three attention launchers: gathers each query's keys through the block table, then a
     materialised, max-subtracted softmax in float64."""
     num_tokens, n_heads, head_dim = q.shape
     _, block_size, n_kv_heads, _ = k_pool.shape

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import cdiv, cuda
+import kernels_numba.paged_attention as paged_attention_module
 from kernels_numba.paged_attention import (
     QTILE, build_prefill_tiles, paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query,
-    paged_attention_prefill,
+    paged_attention_prefill, paged_attention_split_keys,
     paged_attention_ref, write_kv_paged, write_kv_paged_ref)
 from tests.helpers import poisoned
 
@@ -146,7 +147,9 @@ def _stretch(step: Step, scale, q_gain, score_offset):
 
 
 def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled"):
-    """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores."""
+    """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores.
+    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys": that kernel
+    on the step's varlen queries, whatever the scenario."""
     decode = scenario == "decode"
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
                  shuffle=not decode)
@@ -156,15 +159,16 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
     d_q, d_tables = cuda.to_device(step.q), cuda.to_device(step.block_tables)
     out = poisoned(step.q.shape, np.float32)
 
-    if decode:
+    if decode and kernel == "tiled":
         assert (step.query_seq == np.arange(len(step.q))).all()
         context_lens = (step.query_pos + 1).astype(np.int32)
         got = paged_attention_decode(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(context_lens), scale,
                                      out=out)
         want = paged_attention_decode_ref(step.q, k_pool, v_pool, step.block_tables, context_lens, scale)
-    elif kernel == "per_query":  # the one-thread-per-(query, head) kernel on the same varlen queries
-        got = paged_attention_per_query(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
-                                        cuda.to_device(step.query_pos), scale, out=out)
+    elif kernel in ("per_query", "split_keys"):  # one thread / one block per (query, head), same varlen queries
+        launch = paged_attention_per_query if kernel == "per_query" else paged_attention_split_keys
+        got = launch(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
+                     cuda.to_device(step.query_pos), scale, out=out)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
                                    scale)
     else:
@@ -208,20 +212,47 @@ def test_per_query_kernel_serves_prefill_too(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="per_query")
 
 
-@pytest.mark.parametrize("scenario", ["decode", "chunked"])
-def test_stable_with_huge_score_gaps(rng, scenario):
-    # Scores spread over +-1000s: the running max must rise and rescale, and exp(m_old - m_new) underflows to 0.
-    scores = _check(rng, scenario, 4, 6, 2, 16, q_gain=300.0)
+STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "split_keys") for scenario in ("decode", "chunked")]
+
+
+@pytest.mark.parametrize("scenario, kernel", STABILITY_CASES)
+def test_stable_with_huge_score_gaps(rng, scenario, kernel):
+    # Scores spread over +-1000s: the running max must rise and rescale, and exp(m_old - m_new) underflows to 0;
+    # in split_keys the merge's exp(m_i - M) underflows too.
+    scores = _check(rng, scenario, 4, 6, 2, 16, q_gain=300.0, kernel=kernel)
     assert max(np.abs(s).max() for s in scores) > 2 * LOG_F32_MAX, "scores too small to prove anything"
 
 
 @pytest.mark.parametrize("score_offset", [600.0, -600.0])
-@pytest.mark.parametrize("scenario", ["decode", "chunked"])
-def test_stable_when_every_naive_exp_overflows_or_underflows(rng, scenario, score_offset):
+@pytest.mark.parametrize("scenario, kernel", STABILITY_CASES)
+def test_stable_when_every_naive_exp_overflows_or_underflows(rng, scenario, kernel, score_offset):
     # Every score is 600 +- O(1) (or -600 +- O(1)): exp(score) is inf (or 0, so 0/0) for all keys in float32,
     # yet the softmax weights are well mixed, so the result must still match the reference closely.
-    scores = _check(rng, scenario, 16, 4, 2, 12, score_offset=score_offset)
+    scores = _check(rng, scenario, 16, 4, 2, 12, score_offset=score_offset, kernel=kernel)
     assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
+
+
+# Decode on every layout (lengths 1 and 6 leave threads without keys); chunked and shared_prefix give several
+# queries per sequence at different positions, in shuffled order.
+@pytest.mark.parametrize("scenario, layout", [
+    ("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
+    ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])])
+def test_split_keys_kernel_matches_ref(rng, scenario, layout):
+    _check(rng, scenario, *layout, kernel="split_keys")
+
+
+@pytest.mark.parametrize("threads", [1, 7, 37])
+def test_split_keys_merges_any_thread_count(rng, monkeypatch, threads):
+    # 1: no merge at all; 7: odd, fewer than head_dim; 37: more threads than the longest context (33 keys), so
+    # most threads hold no key for every query, and more threads than MERGE_DIMS columns.
+    monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", threads)
+    _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
+
+
+def test_split_keys_merges_head_dim_over_several_rounds(rng, monkeypatch):
+    # head_dim 40 > MERGE_DIMS 32: a full round and a partial one, with the syncthreads between them.
+    monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", 5)
+    _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
 
 
 def test_prefill_tiles_cover_each_query_once_within_one_sequence(rng):
@@ -252,3 +283,5 @@ def test_rejects_head_dim_beyond_local_accumulator():
         paged_attention_decode(q, pool, pool, table, ones, 1.0)
     with pytest.raises(AssertionError):
         paged_attention_prefill(q, pool, pool, table, ones, ones, 1.0)
+    with pytest.raises(AssertionError):
+        paged_attention_split_keys(q, pool, pool, table, ones, ones, 1.0)

@@ -21,7 +21,7 @@ from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.matmul import linear, linear_kernel_name
 from kernels_numba.paged_attention import (build_prefill_tiles, paged_attention_per_query,
-                                           paged_attention_prefill, write_kv_paged)
+                                           paged_attention_prefill, paged_attention_split_keys, write_kv_paged)
 from kernels_numba.rmsnorm import rmsnorm
 from kernels_numba.rope import rope
 
@@ -205,15 +205,20 @@ class ModelRunner:
     def _attention_for(self, batch: ForwardBatch, block_tables, query_seq, positions):
         """Pick the attention kernel for this step: (q, k_pool, v_pool) -> out, and its name.
 
-        One thread per (query, head) serves decode steps, and every step in the simulator (where the
-        tiled kernel's syncthreads are slow); on a GPU, steps with prefill chunks use the kernel that
-        walks key tiles through shared memory. The query tiles are built once for all layers.
+        In the simulator (where syncthreads are slow) one thread per (query, head) serves every step. On a
+        GPU, decode-only steps give each (query, head) a block whose threads split the keys, and steps with
+        prefill chunks use the kernel that walks key tiles through shared memory; its query tiles are built
+        once for all layers.
         """
         scale = self.attention_scale
-        if SIMULATOR or batch.is_decode_only:
+        if SIMULATOR:
             def per_query(q, k_pool, v_pool):
                 return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
             return per_query, "paged_attention.paged_attention_per_query"
+        if batch.is_decode_only:
+            def split_keys(q, k_pool, v_pool):
+                return paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
+            return split_keys, "paged_attention.paged_attention_split_keys"
         tiles = build_prefill_tiles(batch.query_seq, batch.positions)
 
         def tiled(q, k_pool, v_pool):
