@@ -11,10 +11,44 @@ import math
 import sys
 import types
 
+import numpy as np
 from numba import cuda
 
 SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
+
+
+def _serialise_simulated_shared_arrays() -> None:
+    """The simulator hands each block's threads one shared array per source line, created by whichever
+    thread gets there first: `get` then `set` on a dict, with no lock. Two threads switching between the
+    two make two arrays, and the block silently computes with a private copy (seen as a rare, load-
+    dependent test failure). Same lookup, under a lock; it also reads one stack frame, not the whole stack."""
+    import threading
+    import traceback
+
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+    from numba.core import types as numba_types
+
+    original = kernelapi.FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:  # errors and dynamic shared memory: unchanged
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, numba_types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2])  # (file, line)
+        with lock:
+            allocation = self._allocations.get(caller)
+            if allocation is None:
+                allocation = self._allocations[caller] = np.empty(shape, dtype)
+        return allocation
+
+    kernelapi.FakeCUDAShared.array = array
+
+
 if SIMULATOR:
+    _serialise_simulated_shared_arrays()
     # A simulated syncthreads waits until every thread of the block has been scheduled by the GIL; the
     # default 5 ms switch interval makes each barrier cost milliseconds per thread (0.2 ms: ~4x faster).
     sys.setswitchinterval(2e-4)
