@@ -70,6 +70,25 @@ def write_kv_paged_kernel(k, v, k_pool, v_pool, slot_mapping):
         v_pool[slot // block_size, slot % block_size, kv_head, d] = v[t, kv_head, d]
 
 
+@jit(device=True)
+def attend_to_key(q_scaled, k_pool, v_pool, block, offset, kv_head, head_dim, acc, running_max, running_sum):
+    """One online-softmax step: fold key/value (block, offset) into acc, return the new (max, sum)."""
+    score = np.float32(0.0)
+    for d in range(head_dim):
+        score += q_scaled[d] * k_pool[block, offset, kv_head, d]
+    if score > running_max:
+        correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
+        running_sum *= correction
+        for d in range(head_dim):
+            acc[d] *= correction
+        running_max = score
+    weight = np.float32(math.exp(score - running_max))
+    running_sum += weight
+    for d in range(head_dim):
+        acc[d] += weight * v_pool[block, offset, kv_head, d]
+    return running_max, running_sum
+
+
 @jit
 def paged_attention_per_query_kernel(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out):
     num_queries, n_heads, head_dim = q.shape
@@ -92,19 +111,8 @@ def paged_attention_per_query_kernel(q, k_pool, v_pool, block_tables, query_seq,
         for logical_block in range((context_len + block_size - 1) // block_size):
             block = block_tables[b, logical_block]
             for offset in range(min(block_size, context_len - logical_block * block_size)):
-                score = np.float32(0.0)
-                for d in range(head_dim):
-                    score += q_scaled[d] * k_pool[block, offset, kv_head, d]
-                if score > running_max:
-                    correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
-                    running_sum *= correction
-                    for d in range(head_dim):
-                        acc[d] *= correction
-                    running_max = score
-                weight = np.float32(math.exp(score - running_max))
-                running_sum += weight
-                for d in range(head_dim):
-                    acc[d] += weight * v_pool[block, offset, kv_head, d]
+                running_max, running_sum = attend_to_key(q_scaled, k_pool, v_pool, block, offset, kv_head,
+                                                         head_dim, acc, running_max, running_sum)
 
         inv_sum = np.float32(1.0) / running_sum
         for d in range(head_dim):
@@ -205,19 +213,8 @@ def paged_attention_split_keys_kernel(q, k_pool, v_pool, block_tables, query_seq
     for j in range(tid, context_len, n_threads):
         block = block_tables[b, j // block_size]
         offset = j % block_size
-        score = np.float32(0.0)
-        for d in range(head_dim):
-            score += q_scaled[d] * k_pool[block, offset, kv_head, d]
-        if score > running_max:
-            correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
-            running_sum *= correction
-            for d in range(head_dim):
-                acc[d] *= correction
-            running_max = score
-        weight = np.float32(math.exp(score - running_max))
-        running_sum += weight
-        for d in range(head_dim):
-            acc[d] += weight * v_pool[block, offset, kv_head, d]
+        running_max, running_sum = attend_to_key(q_scaled, k_pool, v_pool, block, offset, kv_head, head_dim,
+                                                 acc, running_max, running_sum)
 
     thread_max[tid] = running_max
     thread_sum[tid] = running_sum
