@@ -13,6 +13,8 @@ asks for (and tinyvllm and HF get the very same prompts):
               once: output tok/s with continuous and with static batching (batches of --max-num-seqs)
   serving     requests arriving as a Poisson process at --request-rate: TTFT / ITL / E2E p50 p95 p99 from the
               engine's MetricsCollector; TTFT and E2E count from each request's scheduled arrival time
+  kernels     the latency prompt's prefill step and one batch-1 decode step, every stage synchronised: time,
+              useful GB/s and TFLOP/s per kernel against what the stage must move and do (stage_costs.py)
 Timing: a warm-up generate first (numba compiles kernels at their first launch), a fresh engine per run (empty
 KV pool and prefix cache, fresh metrics), cuda.synchronize() before every clock read that ends a run. A run
 stops at --max-seconds and reports how far it got. Output: OUT/bench.json, OUT/bench.csv, a table on stdout,
@@ -45,7 +47,7 @@ import numpy as np
 
 from .errors import TinyVLLMError
 
-WORKLOADS = ("latency", "prefill", "throughput", "serving")
+WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
 BATCHING_MODES = ("continuous", "static")
 PROMPT_ID_LIMIT = 10_000      # nano-vllm draws prompt ids from [0, 10000]
 PROGRESS_EVERY_S = 10.0
@@ -116,7 +118,8 @@ class BenchConfig:
     def needed_model_len(self) -> int:
         """The longest prompt + output any selected workload asks for."""
         needs = {"latency": self.latency_prompt + self.latency_new_tokens, "prefill": max(self.prefill_lens) + 1,
-                 "throughput": self.max_len + self.output_range[1], "serving": self.max_len + self.output_range[1]}
+                 "throughput": self.max_len + self.output_range[1], "serving": self.max_len + self.output_range[1],
+                 "kernels": self.latency_prompt + KERNEL_STEPS}
         return max(needs[w] for w in self.workloads)
 
 
@@ -388,8 +391,38 @@ def bench_serving(engines, w: Workloads, cfg, log) -> list[dict]:
     return [row]
 
 
+KERNEL_STEPS = 2  # the latency prompt's prefill, then one decode step
+
+
+def bench_kernels(engines, w: Workloads, cfg, log) -> list[dict]:
+    """Per kernel: the latency prompt's prefill step and one batch-1 decode step, each stage synchronised,
+    timed, and set against the bytes and FLOPs it must move and do (tinyvllm.stage_costs)."""
+    from .sampling_params import SamplingParams
+    from .stage_costs import stage_costs
+    engine = engines.fresh()
+    r = w.latency[0]
+    engine.add_request(r.prompt_ids, SamplingParams(temperature=0.0, max_tokens=KERNEL_STEPS, ignore_eos=True))
+    rows = []
+    for phase in ("prefill", "decode"):
+        seconds, kernels, counts = {}, {}, {}
+        for stage in engine.step_stages(synchronize=True):
+            kind = stage.name.split(".")[-1]
+            seconds[kind] = seconds.get(kind, 0.0) + stage.seconds
+            kernels[kind], counts[kind] = stage.kernel, counts.get(kind, 0) + 1
+        batch = engine.last_batch
+        costs = stage_costs(engine.model.config, batch, len(batch.logits_rows))
+        for kind, elapsed in seconds.items():
+            cost, n = costs[kind], counts[kind]
+            rows.append({"workload": "kernels", "system": "tinyvllm", "variant": f"{phase} {kind}",
+                         "compare_key": f"{phase} {kind}", "kernel": kernels[kind], "tokens": batch.num_tokens,
+                         "launches_x": n, "ms": 1e3 * elapsed, "bytes": cost.bytes * n, "flops": cost.flops * n,
+                         "gb_s": cost.bytes * n / elapsed / 1e9, "tflop_s": cost.flops * n / elapsed / 1e12})
+        log(f"  kernels {phase}: {batch.num_tokens} tokens, {1e3 * sum(seconds.values()):.2f} ms in all stages")
+    return rows
+
+
 TINYVLLM_WORKLOADS = {"latency": bench_latency, "prefill": bench_prefill, "throughput": bench_throughput,
-                      "serving": bench_serving}
+                      "serving": bench_serving, "kernels": bench_kernels}
 
 
 # ---- HF transformers --------------------------------------------------------------------------------
@@ -613,11 +646,13 @@ HEADLINES = {   # workload -> (label, key); every row's table lines
     "serving": [(f"{name} {q} (ms)", f"{key}_{q}_ms") for name, key in (("TTFT", "ttft"), ("ITL", "itl"),
                                                                         ("E2E", "e2e"))
                 for q in ("p50", "p95", "p99")] + [("output tok/s", "output_tok_s")],
+    "kernels": [("ms (all layers)", "ms"), ("useful GB/s", "gb_s"), ("TFLOP/s", "tflop_s")],
 }
 
 
 CHART_METRICS = {"latency": ("output tok/s", "output_tok_s"), "prefill": ("TTFT (ms)", "ttft_ms"),
-                 "throughput": ("output tok/s", "output_tok_s"), "serving": ("TTFT p50 (ms)", "ttft_p50_ms")}
+                 "throughput": ("output tok/s", "output_tok_s"), "serving": ("TTFT p50 (ms)", "ttft_p50_ms"),
+                 "kernels": ("useful GB/s", "gb_s")}
 
 
 def comparisons(rows: list[dict]) -> list[dict]:

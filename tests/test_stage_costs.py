@@ -1,0 +1,27 @@
+"""The bytes and FLOPs each stage must move and do, checked against hand counts for a small config."""
+import numpy as np
+
+from tinyvllm.config import ModelConfig
+from tinyvllm.model_runner import ForwardBatch
+from tinyvllm.stage_costs import stage_costs
+
+CONFIG = ModelConfig.from_dict({"model_type": "llama", "vocab_size": 100, "hidden_size": 8, "intermediate_size": 12,
+                                "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "head_dim": 2, "hidden_act": "silu"})
+
+
+def test_a_two_sequence_step_costs_what_the_counts_say():
+    # sequence 0: a 3-token prefill (positions 0..2); sequence 1: one decode token at position 5
+    batch = ForwardBatch(token_ids=[1, 2, 3, 4], positions=[0, 1, 2, 5], query_seq=[0, 0, 0, 1],
+                         slot_mapping=[0, 1, 2, 9], block_tables=np.array([[0], [1]]), logits_rows=[2, 3])
+    costs = stage_costs(CONFIG, batch, logits_rows=2)
+    T, H, I, V = 4, 8, 12, 100
+    q_width, kv_width = 4 * 2, 2 * 2
+    assert costs["q"].flops == 2 * T * H * q_width
+    assert costs["q"].bytes == q_width * H * 2 + T * (H + q_width) * 4
+    assert costs["logits"].flops == 2 * 2 * H * V
+    # keys: sequence 0 holds 3, sequence 1 holds 6; each K and V row is kv_width float32
+    assert costs["attn"].bytes == (3 + 6) * kv_width * 2 * 4 + T * (2 * kv_width + 2 * q_width) * 4
+    assert costs["attn"].flops == 4 * (1 + 2 + 3 + 6) * q_width
+    assert costs["mlp"].flops == 2 * T * H * 2 * I + 2 * T * I * H + 4 * T * I
+    assert costs["input_norm"].bytes == H * 2 + 2 * T * H * 4

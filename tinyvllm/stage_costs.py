@@ -1,0 +1,61 @@
+"""What each forward-pass stage must move and compute: the yardstick for GB/s and TFLOP/s per kernel.
+
+Counts are the minimum a correct kernel needs: every bf16 weight read once (2 bytes), float32 activations
+read and written once (4 bytes), each sequence's cached K/V read once per KV head (GQA heads share it),
+and 2 FLOPs per multiply-add. A kernel that re-reads data moves more than this, so the GB/s derived from
+these counts is what the stage achieved *usefully*.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .model_runner import ForwardBatch
+
+BF16, F32 = 2, 4
+
+
+@dataclass(frozen=True)
+class StageCost:
+    bytes: int
+    flops: int
+
+
+def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int) -> dict[str, StageCost]:
+    """Cost of each stage kind of one forward over `batch` (per layer for layer stages), by the stage
+    name's last part: embedding, input_norm, q, k, v, attn, o_proj, attn_residual, post_norm, mlp, output,
+    final_norm, logits."""
+    c = config
+    T, H, I, V = batch.num_tokens, c.hidden_size, c.intermediate_size, c.vocab_size
+    q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+
+    def linear(rows: int, n_in: int, n_out: int) -> StageCost:
+        return StageCost(n_out * n_in * BF16 + rows * (n_in + n_out) * F32, 2 * rows * n_in * n_out)
+
+    def norm(rows: int) -> StageCost:
+        return StageCost(H * BF16 + 2 * rows * H * F32, 4 * rows * H)
+
+    def add(rows: int) -> StageCost:
+        return StageCost(3 * rows * H * F32, rows * H)
+
+    # attention: each sequence's context K and V (its longest query's keys), the queries, the outputs;
+    # every query scores and weighs the keys up to its own position, for every query head
+    context = {}
+    for seq, pos in zip(batch.query_seq.tolist(), batch.positions.tolist()):
+        context[seq] = max(context.get(seq, 0), pos + 1)
+    kv_bytes = sum(context.values()) * kv_width * 2 * F32
+    visible_keys = int(np.sum(batch.positions.astype(np.int64) + 1))
+    attention = StageCost(kv_bytes + T * (2 * kv_width + 2 * q_width) * F32,
+                          4 * visible_keys * q_width)
+    mlp = linear(T, H, 2 * I)
+    down = linear(T, I, H)
+    return {
+        "embedding": StageCost(T * H * (BF16 + F32), 0),
+        "input_norm": norm(T), "q": linear(T, H, q_width), "k": linear(T, H, kv_width),
+        "v": linear(T, H, kv_width), "attn": attention, "o_proj": linear(T, q_width, H),
+        "attn_residual": add(T), "post_norm": norm(T),
+        "mlp": StageCost(mlp.bytes + down.bytes + 3 * T * I * F32, mlp.flops + down.flops + 4 * T * I),
+        "output": add(T), "final_norm": norm(T), "logits": linear(logits_rows, H, V),
+    }
