@@ -293,8 +293,22 @@ def warm_up(engines: EngineFactory, log) -> None:
     engine = engines.fresh()
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, seed=0)
     engine.generate([list(range(1, 11)), [3, 1, 4]], params)   # a multi-token prefill, then decodes
+    engine.generate([[5, 9, 2]], params)                         # batch-1 prefill logits and decodes
+    compile_decode_gemvs()
     synced_clock()
     log(f"warm-up (kernel compilation) {time.perf_counter() - start:.1f} s")
+
+
+def compile_decode_gemvs() -> None:
+    """gemv_coalesced is compiled once per token count (its accumulators are registers): compile every
+    count a decode batch can have, so no timed step pays for it. Types, not shapes, pick the compilation."""
+    from kernels_numba.common import SIMULATOR, cuda
+    from kernels_numba.matmul import MAX_GEMV_TOKENS, gemv_coalesced
+    if SIMULATOR:
+        return
+    w = cuda.to_device(np.zeros((4, 64), np.uint16))
+    for tokens in range(1, MAX_GEMV_TOKENS + 1):
+        gemv_coalesced(cuda.to_device(np.ones((tokens, 64), np.float32)), w)
 
 
 # ---- tinyvllm workloads -----------------------------------------------------------------------------
