@@ -9,7 +9,10 @@ import traceback
 
 from .errors import TinyVLLMError
 
-DEFAULT_MAX_TOKENS = 32
+# The sampling flags' defaults: greedy. --use-generation-config lets the model's settings fill the flags
+# still at these values.
+SAMPLING_DEFAULTS = {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": None,
+                     "min_tokens": 0, "stop": (), "ignore_eos": False}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,12 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap each text prompt in the model's chat template")
     g.add_argument("--system", metavar="TEXT", help="system message for --chat")
     s = g.add_argument_group("sampling (default: greedy)")
-    s.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N", help="new tokens per prompt")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=-1, help="-1 = off")
+    s.add_argument("--max-tokens", type=int, default=SAMPLING_DEFAULTS["max_tokens"], metavar="N",
+                   help="new tokens per prompt")
+    s.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS["temperature"], help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS["top_p"])
+    s.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS["top_k"], help="-1 = off")
     s.add_argument("--seed", type=int, help="same seed, same output")
-    s.add_argument("--min-tokens", type=int, default=0)
+    s.add_argument("--min-tokens", type=int, default=SAMPLING_DEFAULTS["min_tokens"])
     s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens")
     s.add_argument("--use-generation-config", action="store_true",
@@ -140,15 +144,13 @@ def _sampling_params(args, overrides: dict, where: str):
     """One request's SamplingParams: command-line flags (or, with --use-generation-config, the model's
     generation_config.json for what the flags leave unset), then the request's own JSONL fields."""
     from .sampling_params import SamplingParams
-    flags = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                 max_tokens=args.max_tokens, min_tokens=args.min_tokens, stop=tuple(args.stop),
-                 ignore_eos=args.ignore_eos)
+    flags = {name: getattr(args, name) for name in SAMPLING_DEFAULTS} | {"stop": tuple(args.stop)}
     try:
         if args.use_generation_config:
             from .config import GenerationDefaults
             from .model import default_model_dir
             defaults = GenerationDefaults.from_model_dir(args.model or default_model_dir())
-            explicit = {k: v for k, v in flags.items() if v != _parser_default(k)}
+            explicit = {k: v for k, v in flags.items() if v != SAMPLING_DEFAULTS[k]}
             return SamplingParams.from_generation_defaults(defaults, **{**explicit, **overrides})
         unknown = set(overrides) - set(SamplingParams.__dataclass_fields__)
         if unknown:
@@ -156,11 +158,6 @@ def _sampling_params(args, overrides: dict, where: str):
         return SamplingParams(**{**flags, **overrides})
     except (TypeError, ValueError, TinyVLLMError) as e:
         raise TinyVLLMError(f"{where}: {e}") from e
-
-
-def _parser_default(flag: str):
-    return {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": None, "max_tokens": DEFAULT_MAX_TOKENS,
-            "min_tokens": 0, "stop": (), "ignore_eos": False}[flag]
 
 
 def _generate(args) -> int:
