@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .common import cuda, jit, grid_stride_launch
+from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 256
 
@@ -43,11 +43,11 @@ def residual_add_kernel(x, residual, out):
 
 def _launch(kernel, a, b, out):
     assert a.ndim == 2 and a.shape == b.shape, (a.shape, b.shape)
-    out = cuda.device_array(a.shape, np.float32) if out is None else out
+    out = device_empty(a.shape, np.float32) if out is None else out
     assert out.shape == a.shape, (out.shape, a.shape)
     if a.size:
         blocks, threads = grid_stride_launch(a.size, THREADS)
-        kernel[blocks, threads](a, b, out)
+        kernel[blocks, threads, launch_stream()](a, b, out)
     return out
 
 

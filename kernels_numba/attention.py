@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .common import cuda, jit, grid_stride_launch
+from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 128
 MAX_HEAD_DIM = 256  # size of the per-thread accumulator: cuda.local.array needs a compile-time size
@@ -87,7 +87,7 @@ def write_kv(k, v, k_cache, v_cache, seq_slots, positions):
     _check_cache(k_cache, v_cache, seq_slots, positions, k.shape[0])
     if k.size > 0:
         blocks, threads = grid_stride_launch(k.size, THREADS)
-        write_kv_kernel[blocks, threads](k, v, k_cache, v_cache, seq_slots, positions)
+        write_kv_kernel[blocks, threads, launch_stream()](k, v, k_cache, v_cache, seq_slots, positions)
 
 
 def attention(q, k_cache, v_cache, seq_slots, positions, scale, out=None):
@@ -98,11 +98,11 @@ def attention(q, k_cache, v_cache, seq_slots, positions, scale, out=None):
     assert k_cache.shape[3] == head_dim, (q.shape, k_cache.shape)
     assert head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} > MAX_HEAD_DIM {MAX_HEAD_DIM}"
     assert n_heads % n_kv_heads == 0, f"{n_heads} query heads do not group over {n_kv_heads} kv heads"
-    out = cuda.device_array(q.shape, np.float32) if out is None else out
+    out = device_empty(q.shape, np.float32) if out is None else out
     assert out.shape == q.shape and out.dtype == np.float32, (out.shape, out.dtype)
     if num_tokens > 0:
         blocks, threads = grid_stride_launch(num_tokens * n_heads, THREADS)
-        attention_kernel[blocks, threads](
+        attention_kernel[blocks, threads, launch_stream()](
             q, k_cache, v_cache, seq_slots, positions, np.float32(scale), out)
     return out
 

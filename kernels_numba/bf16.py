@@ -10,7 +10,7 @@ on the GPU, grid-stride so the simulator can run a small grid.
 import numpy as np
 import ml_dtypes
 
-from .common import cuda, jit, grid_stride_launch
+from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 256
 
@@ -43,17 +43,17 @@ def f32_to_bf16_kernel(src, dst):
 
 def bf16_to_f32_device(src_bits, out=None):
     """Decode a 1-D device array of uint16 bf16 bits into float32."""
-    out = cuda.device_array(src_bits.shape, np.float32) if out is None else out
+    out = device_empty(src_bits.shape, np.float32) if out is None else out
     blocks, threads = grid_stride_launch(src_bits.size, THREADS)
-    bf16_to_f32_kernel[blocks, threads](src_bits, out)
+    bf16_to_f32_kernel[blocks, threads, launch_stream()](src_bits, out)
     return out
 
 
 def f32_to_bf16_device(src, out=None):
     """Encode a 1-D device array of float32 into uint16 bf16 bits (round to nearest even)."""
-    out = cuda.device_array(src.shape, np.uint16) if out is None else out
+    out = device_empty(src.shape, np.uint16) if out is None else out
     blocks, threads = grid_stride_launch(src.size, THREADS)
-    f32_to_bf16_kernel[blocks, threads](src, out)
+    f32_to_bf16_kernel[blocks, threads, launch_stream()](src, out)
     return out
 
 

@@ -9,7 +9,9 @@ import redirector hijacks such names and recurses forever.
 """
 import math
 import sys
+import threading
 import types
+from contextlib import contextmanager
 
 import numpy as np
 from numba import cuda
@@ -133,3 +135,68 @@ def cdiv(a: int, b: int) -> int:
 
 def next_power_of_two(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+class BufferArena:
+    """The output buffers of one recorded step, handed out again, in the same order, on every replay.
+
+    A CUDA graph bakes in the addresses of everything its kernels touch, so a captured forward pass must
+    write into the same buffers each time it is replayed, and they must outlive the graph. Recording runs
+    the step eagerly and keeps every buffer its launchers asked for; `rewind` makes the next pass get
+    those same buffers back (same shapes and dtypes, asserted), so nothing is allocated while capturing.
+    """
+
+    def __init__(self):
+        self.buffers: list = []
+        self._next: int | None = None  # None while recording
+
+    def take(self, shape, dtype):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if self._next is None:
+            buffer = cuda.device_array(shape, dtype)
+            self.buffers.append(buffer)
+            return buffer
+        assert self._next < len(self.buffers), "the replayed step asks for more buffers than it recorded"
+        buffer = self.buffers[self._next]
+        assert buffer.shape == shape and buffer.dtype == np.dtype(dtype), (
+            f"buffer {self._next}: recorded {buffer.shape} {buffer.dtype}, replay asks {shape} {np.dtype(dtype)}")
+        self._next += 1
+        return buffer
+
+    def rewind(self) -> None:
+        self._next = 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.size * b.dtype.itemsize for b in self.buffers)
+
+
+class _LaunchTarget(threading.local):
+    stream = 0                          # 0: the default stream; a cuda.core GraphBuilder while capturing
+    buffers: BufferArena | None = None  # where launchers' outputs come from; None: fresh allocations
+
+
+_target = _LaunchTarget()
+
+
+def launch_stream():
+    """The stream every launcher launches on (kernel[grid, block, launch_stream()])."""
+    return _target.stream
+
+
+def device_empty(shape, dtype):
+    """A launcher's output buffer: a fresh device array, or the current BufferArena's."""
+    if _target.buffers is None:
+        return cuda.device_array(shape, dtype)
+    return _target.buffers.take(shape, dtype)
+
+
+@contextmanager
+def launching_into(stream=0, buffers: BufferArena | None = None):
+    """Launch on `stream` and take outputs from `buffers` inside the block (this thread only)."""
+    saved = _target.stream, _target.buffers
+    _target.stream, _target.buffers = stream, buffers
+    try:
+        yield
+    finally:
+        _target.stream, _target.buffers = saved

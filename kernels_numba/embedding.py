@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .bf16 import bf16_to_f32, bf16_to_f32_ref
-from .common import cuda, jit, grid_stride_launch
+from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 256
 
@@ -46,22 +46,22 @@ def take_rows_kernel(x, rows, out):
 def embedding(ids, table_bits, out=None):
     """ids int32 [T], table_bits uint16 bf16 [V, H] -> float32 [T, H] (device arrays)."""
     n_tokens, hidden = ids.shape[0], table_bits.shape[1]
-    out = cuda.device_array((n_tokens, hidden), np.float32) if out is None else out
+    out = device_empty((n_tokens, hidden), np.float32) if out is None else out
     assert out.shape == (n_tokens, hidden), (out.shape, n_tokens, hidden)
     if n_tokens:
         blocks, threads = grid_stride_launch(out.size, THREADS)
-        embedding_kernel[blocks, threads](ids, table_bits, out)
+        embedding_kernel[blocks, threads, launch_stream()](ids, table_bits, out)
     return out
 
 
 def take_rows(x, rows, out=None):
     """x float32 [T, H], rows int32 [B] -> float32 [B, H] (device arrays)."""
     n_rows, hidden = rows.shape[0], x.shape[1]
-    out = cuda.device_array((n_rows, hidden), np.float32) if out is None else out
+    out = device_empty((n_rows, hidden), np.float32) if out is None else out
     assert out.shape == (n_rows, hidden), (out.shape, n_rows, hidden)
     if n_rows:
         blocks, threads = grid_stride_launch(out.size, THREADS)
-        take_rows_kernel[blocks, threads](x, rows, out)
+        take_rows_kernel[blocks, threads, launch_stream()](x, rows, out)
     return out
 
 

@@ -26,7 +26,8 @@ import numpy as np
 import ml_dtypes
 
 from .bf16 import bf16_to_f32
-from .common import cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID
+from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, launch_stream,
+                     device_empty)
 
 MAX_GEMV_TOKENS = 8  # the per-thread accumulator count: registers, so a small compile-time constant
 THREADS = 128
@@ -151,7 +152,7 @@ def _check_shapes(x, w_bits, out):
     assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
     assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
     assert w_bits.dtype == np.uint16 and x.dtype == np.float32, (x.dtype, w_bits.dtype)
-    out = cuda.device_array((x.shape[0], w_bits.shape[0]), np.float32) if out is None else out
+    out = device_empty((x.shape[0], w_bits.shape[0]), np.float32) if out is None else out
     assert out.shape == (x.shape[0], w_bits.shape[0]) and out.dtype == np.float32, (out.shape, out.dtype)
     return out
 
@@ -162,7 +163,7 @@ def gemv(x, w_bits, out=None):
     assert x.shape[0] <= MAX_GEMV_TOKENS, f"gemv takes at most {MAX_GEMV_TOKENS} tokens, got {x.shape[0]}"
     if x.shape[0] > 0:
         blocks, threads = grid_stride_launch(w_bits.shape[0], THREADS)
-        gemv_kernel[blocks, threads](x, w_bits, out)
+        gemv_kernel[blocks, threads, launch_stream()](x, w_bits, out)
     return out
 
 
@@ -181,7 +182,7 @@ def gemv_coalesced(x, w_bits, out=None, threads=None):
         row_pairs = cdiv(out_features, COALESCED_ROWS)
         blocks = min(row_pairs, SIMULATOR_GRID[0]) if SIMULATOR else row_pairs
         w_words = w_bits.view(np.uint32)
-        gemv_coalesced_kernel(num_tokens, threads)[blocks, threads](x, w_words, out)
+        gemv_coalesced_kernel(num_tokens, threads)[blocks, threads, launch_stream()](x, w_words, out)
     return out
 
 
@@ -190,7 +191,7 @@ def gemm(x, w_bits, out=None):
     out = _check_shapes(x, w_bits, out)
     if x.shape[0] > 0:
         grid = (cdiv(w_bits.shape[0], TILE), cdiv(x.shape[0], TILE))
-        gemm_kernel[grid, (TILE, TILE)](x, w_bits, out)
+        gemm_kernel[grid, (TILE, TILE), launch_stream()](x, w_bits, out)
     return out
 
 

@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from .common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch
+from .common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 128
 MAX_HEAD_DIM = 256  # size of the per-thread accumulators: cuda.local.array needs a compile-time size
@@ -296,7 +296,7 @@ def _check_pool(q, k_pool, v_pool, block_tables):
 
 
 def _output(q, out):
-    out = cuda.device_array(q.shape, np.float32) if out is None else out
+    out = device_empty(q.shape, np.float32) if out is None else out
     assert out.shape == q.shape and out.dtype == np.float32, (out.shape, out.dtype)
     return out
 
@@ -309,7 +309,7 @@ def write_kv_paged(k, v, k_pool, v_pool, slot_mapping):
                                                                                     slot_mapping.dtype)
     if k.size > 0:
         blocks, threads = grid_stride_launch(k.size, THREADS)
-        write_kv_paged_kernel[blocks, threads](k, v, k_pool, v_pool, slot_mapping)
+        write_kv_paged_kernel[blocks, threads, launch_stream()](k, v, k_pool, v_pool, slot_mapping)
 
 
 def paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
@@ -324,7 +324,7 @@ def paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, query_
     out = _output(q, out)
     if num_queries > 0:
         blocks, threads = grid_stride_launch(num_queries * n_heads, THREADS)
-        paged_attention_per_query_kernel[blocks, threads](
+        paged_attention_per_query_kernel[blocks, threads, launch_stream()](
             q, k_pool, v_pool, block_tables, query_seq, query_pos, np.float32(scale), out)
     return out
 
@@ -341,7 +341,7 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
     assert 1 <= SPLIT_THREADS <= SPLIT_THREADS_MAX, f"SPLIT_THREADS {SPLIT_THREADS} outside 1..{SPLIT_THREADS_MAX}"
     out = _output(q, out)
     if num_queries > 0:
-        paged_attention_split_keys_kernel[(num_queries, n_heads), SPLIT_THREADS](
+        paged_attention_split_keys_kernel[(num_queries, n_heads), SPLIT_THREADS, launch_stream()](
             q, k_pool, v_pool, block_tables, query_seq, query_pos, np.float32(scale), out)
     return out
 
@@ -371,7 +371,7 @@ def paged_attention_prefill(q, k_pool, v_pool, block_tables, query_seq, query_po
     tiles = build_prefill_tiles(query_seq, query_pos) if tiles is None else tiles
     out = _output(q, out)
     if tiles.num_tiles > 0:
-        paged_attention_prefill_kernel[(tiles.num_tiles, n_heads), QTILE](
+        paged_attention_prefill_kernel[(tiles.num_tiles, n_heads), QTILE, launch_stream()](
             q, k_pool, v_pool, block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
             np.float32(scale), out)
     return out

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .bf16 import bf16_to_f32, bf16_to_f32_ref
-from .common import SIMULATOR, cuda, jit
+from .common import SIMULATOR, cuda, jit, launch_stream, device_empty
 
 MAX_THREADS = 1024
 # A simulated syncthreads waits for every thread of the block to be scheduled (~2.5 ms per thread per
@@ -62,11 +62,11 @@ def rmsnorm(x, weight_bits, eps, out=None, threads=None):
     assert 0 < threads <= MAX_THREADS and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     n_rows, hidden = x.shape
     assert weight_bits.shape == (hidden,), (weight_bits.shape, hidden)
-    out = cuda.device_array(x.shape, np.float32) if out is None else out
+    out = device_empty(x.shape, np.float32) if out is None else out
     assert out.shape == x.shape, (out.shape, x.shape)
     if n_rows:
         blocks = min(n_rows, SIMULATOR_BLOCKS) if SIMULATOR else n_rows
-        rmsnorm_kernel[blocks, threads](x, weight_bits, np.float32(eps), out)
+        rmsnorm_kernel[blocks, threads, launch_stream()](x, weight_bits, np.float32(eps), out)
     return out
 
 

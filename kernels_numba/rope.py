@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .common import cuda, jit, grid_stride_launch
+from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 128
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -94,12 +94,12 @@ def rope(x, positions, inv_freq, out=None):
     n_tokens, n_heads, head_dim = x.shape
     assert head_dim % 2 == 0 and inv_freq.shape == (head_dim // 2,), (x.shape, inv_freq.shape)
     assert positions.shape == (n_tokens,), (positions.shape, n_tokens)
-    out = cuda.device_array(x.shape, np.float32) if out is None else out
+    out = device_empty(x.shape, np.float32) if out is None else out
     assert out.shape == x.shape, (out.shape, x.shape)
     n_pairs = n_tokens * n_heads * (head_dim // 2)
     if n_pairs:
         blocks, threads = grid_stride_launch(n_pairs, THREADS)
-        rope_kernel[blocks, threads](x, positions, inv_freq, out)
+        rope_kernel[blocks, threads, launch_stream()](x, positions, inv_freq, out)
     return out
 
 

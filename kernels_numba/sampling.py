@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from .common import SIMULATOR, cuda, host_version, jit
+from .common import SIMULATOR, cuda, host_version, jit, launch_stream, device_empty
 
 MAX_THREADS = 1024
 NO_INDEX = np.int32(2**31 - 1)  # loses every tie, so a thread that saw no element never wins
@@ -95,10 +95,10 @@ def argmax(logits, out=None, threads=None):
     assert 0 < threads <= MAX_THREADS and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     n_rows, vocab = logits.shape
     assert vocab > 0, "argmax of an empty row"
-    out = cuda.device_array((n_rows,), np.int32) if out is None else out
+    out = device_empty((n_rows,), np.int32) if out is None else out
     assert out.shape == (n_rows,), (out.shape, n_rows)
     if n_rows:
-        argmax_kernel[n_rows, threads](logits, out)
+        argmax_kernel[n_rows, threads, launch_stream()](logits, out)
     return out
 
 
@@ -305,10 +305,10 @@ def sample(logits, temperatures, top_ks, top_ps, seeds, steps, out=None, threads
     for (name, dtypes), array in zip(SAMPLE_INPUTS, (temperatures, top_ks, top_ps, seeds, steps)):
         assert array.shape == (n_rows,), f"{name}: shape {array.shape}, want ({n_rows},)"
         assert array.dtype in dtypes, f"{name}: dtype {array.dtype}, want one of {dtypes}"
-    out = cuda.device_array((n_rows,), np.int32) if out is None else out
+    out = device_empty((n_rows,), np.int32) if out is None else out
     assert out.shape == (n_rows,), (out.shape, n_rows)
     if n_rows:
-        sample_kernel[n_rows, threads](logits, temperatures, top_ks, top_ps, seeds, steps, out)
+        sample_kernel[n_rows, threads, launch_stream()](logits, temperatures, top_ks, top_ps, seeds, steps, out)
     return out
 
 
@@ -386,7 +386,7 @@ def suppress_tokens(logits, rows, token_ids):
     """In place: make token_ids[j] impossible in row rows[j] (int32 device arrays of equal length)."""
     assert rows.shape == token_ids.shape and rows.ndim == 1, (rows.shape, token_ids.shape)
     if rows.size > 0:
-        suppress_tokens_kernel[1 if SIMULATOR else -(-rows.size // 128), rows.size if SIMULATOR else 128](
+        suppress_tokens_kernel[1 if SIMULATOR else -(-rows.size // 128), rows.size if SIMULATOR else 128, launch_stream()](
             logits, rows, token_ids)
 
 
