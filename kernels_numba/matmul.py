@@ -2,7 +2,7 @@
 
     out[t, n] = sum_k x[t, k] * bf16_to_f32(w_bits[n, k])       x f32 [T, K], w_bits u16 [N, K], out f32 [T, N]
 
-Three kernels, one job each:
+Four kernels, one job each:
 - `gemv` (decode, T <= MAX_GEMV_TOKENS): one thread per output feature n walks row n of W once and keeps T
   accumulators in registers, so every weight is read once for the whole batch. No shared memory, no
   syncthreads. Grid: grid_stride_launch(N, THREADS): one thread per n on the GPU, grid-stride over n so the
@@ -18,7 +18,14 @@ Three kernels, one job each:
 - `gemm` (prefill, many tokens): classic shared-memory tiling. A TILE x TILE block owns the output tile
   out[by*TILE : +TILE, bx*TILE : +TILE]; it walks K a tile at a time, each thread loading one x value and one
   decoded weight into shared memory, so each global value is read once per tile instead of TILE times.
-`linear` picks between them.
+  The readable version: each thread computes one output, two shared-memory reads per FMA.
+- `gemm_blocked` (prefill, same math): register blocking. A block of 16 x 8 threads owns a 64-token x
+  64-feature output tile and walks K 16 at a time through k-major shared tiles of x and decoded W; a thread
+  owns an 8 x 4 micro-tile, kept in 32 register accumulators. Faster because each shared value a thread
+  reads feeds 4 or 8 FMAs (12 reads per 32 FMAs instead of 2 per FMA), each global value is read once per
+  64 outputs instead of 16, and the shared reads are broadcasts or consecutive words (no bank conflicts).
+  Grid: (cdiv(N, 64), cdiv(T, 64)) blocks, features along x.
+`linear` picks between them (`linear_kernel_name` says which).
 """
 import functools
 
@@ -45,6 +52,30 @@ COALESCED_UNROLL = 4
 # block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
 COALESCED_THREADS = 4 if SIMULATOR else 128
 
+# gemm_blocked: a block owns a BLOCK_TOKENS x BLOCK_FEATURES (64 x 64) output tile, a thread a THREAD_TOKENS x
+# THREAD_FEATURES (8 x 4) micro-tile of it: 16 x 8 = 128 threads, 32 float32 accumulators each. Per step
+# of k a thread reads 8 + 4 values from shared memory for 32 FMAs (the simple gemm: 2 reads per FMA). An SM
+# issues one warp-wide shared read per clock against four warp-wide FMAs, so 12 : 32 keeps the FMA units
+# mostly busy; 8 x 8 would balance it but ptxas gives it 168 registers. 64 x 64 tiles keep a short
+# prompt's grid wide (T = 512, N = 2048: 256 blocks for 132 SMs). BLOCK_K = 16: a warp loads 16
+# consecutive k of 2 rows (64 B of x, 32 B of W per row: whole 32-byte sectors); BLOCK_K = 32 pushed
+# ptxas (sm_90) to 168 registers, 16 needs 96 (no spills): 5 blocks, 20 warps per SM.
+# Shared memory: 2 x 16 x 66 x 4 B = 8.4 KB per block.
+BLOCK_TOKENS = 64
+BLOCK_FEATURES = 64
+BLOCK_K = 16
+THREAD_TOKENS = 8
+THREAD_FEATURES = 4
+BLOCKED_THREADS_X = BLOCK_FEATURES // THREAD_FEATURES  # 16: threadIdx.x walks features
+BLOCKED_THREADS_Y = BLOCK_TOKENS // THREAD_TOKENS      # 8: threadIdx.y walks tokens
+LOAD_ROW_STEP = BLOCKED_THREADS_X * BLOCKED_THREADS_Y // BLOCK_K  # 8: tile rows the block loads at once
+# A warp stores 16 k x 2 rows into a k-major tile: a row stride of 66 words puts (k, row) in bank
+# (2 k + row) % 32, all 32 different (with stride 65, (k + 1, row) and (k, row + 1) would share a bank).
+BLOCK_TOKENS_PADDED = BLOCK_TOKENS + 2
+BLOCK_FEATURES_PADDED = BLOCK_FEATURES + 2
+assert BLOCK_K == 16, "the padding above assumes a warp stores 2 rows of 16 k"
+assert BLOCK_TOKENS % LOAD_ROW_STEP == 0 and BLOCK_FEATURES % LOAD_ROW_STEP == 0
+
 
 @jit
 def gemv_kernel(x, w_bits, out):
@@ -62,57 +93,61 @@ def gemv_kernel(x, w_bits, out):
 
 
 @functools.cache
-def gemv_coalesced_kernel(num_tokens: int, threads: int):
-    """The kernel for one (token count, block size): both are compile-time constants inside it, so the
-    accumulators and loaded words are registers (fully unrolled loops) and the shared array has a fixed shape."""
+def gemv_coalesced_kernel(num_tokens: int, threads: int, rows: int = COALESCED_ROWS,
+                          unroll: int = COALESCED_UNROLL, word_elements: int = 2):
+    """The kernel for one (token count, block size, rows per block, loads per row in flight, bf16 per
+    load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
+    unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
+    4 reads uint64 words."""
+    word_type = np.uint32 if word_elements == 2 else np.uint64
+    assert word_elements in (2, 4)
 
     @jit
     def kernel(x, w_words, out):
-        partial = cuda.shared.array((COALESCED_ROWS, num_tokens, threads), np.float32)
-        acc = cuda.local.array((COALESCED_ROWS, num_tokens), np.float32)
-        words = cuda.local.array((COALESCED_UNROLL, COALESCED_ROWS), np.uint32)
+        partial = cuda.shared.array((rows, num_tokens, threads), np.float32)
+        acc = cuda.local.array((rows, num_tokens), np.float32)
+        words = cuda.local.array((unroll, rows), word_type)
         tid = cuda.threadIdx.x
         out_features, words_per_row = w_words.shape
-        step = threads * COALESCED_UNROLL
-        for row0 in range(cuda.blockIdx.x * COALESCED_ROWS, out_features, cuda.gridDim.x * COALESCED_ROWS):
-            for r in range(COALESCED_ROWS):
+        step = threads * unroll
+        for row0 in range(cuda.blockIdx.x * rows, out_features, cuda.gridDim.x * rows):
+            for r in range(rows):
                 for t in range(num_tokens):
                     acc[r, t] = np.float32(0.0)
             for first_word in range(tid, words_per_row, step):
                 # Issue every load of this step before using any. Out-of-range rows and words are clamped
                 # to valid addresses (no branch around the loads) and their values are never used.
-                for u in range(COALESCED_UNROLL):
+                for u in range(unroll):
                     word = min(first_word + u * threads, words_per_row - 1)
-                    for r in range(COALESCED_ROWS):
+                    for r in range(rows):
                         words[u, r] = w_words[min(row0 + r, out_features - 1), word]
-                for u in range(COALESCED_UNROLL):
+                for u in range(unroll):
                     word = first_word + u * threads
                     if word < words_per_row:
                         for t in range(num_tokens):
-                            x_even = x[t, 2 * word]
-                            x_odd = x[t, 2 * word + 1]
-                            for r in range(COALESCED_ROWS):
-                                pair = words[u, r]  # little-endian: the low half is the even element
-                                acc[r, t] += (x_even * bf16_to_f32(pair & np.uint32(0xFFFF))
-                                              + x_odd * bf16_to_f32(pair >> np.uint32(16)))
-            for r in range(COALESCED_ROWS):
+                            for e in range(word_elements):  # little-endian: the low half is the first element
+                                x_e = x[t, word_elements * word + e]
+                                for r in range(rows):
+                                    bits = (words[u, r] >> word_type(16 * e)) & word_type(0xFFFF)
+                                    acc[r, t] += x_e * bf16_to_f32(np.uint32(bits))
+            for r in range(rows):
                 for t in range(num_tokens):
                     partial[r, t, tid] = acc[r, t]
             cuda.syncthreads()
             stride = threads // 2
             while stride > 0:
                 if tid < stride:
-                    for r in range(COALESCED_ROWS):
+                    for r in range(rows):
                         for t in range(num_tokens):
                             partial[r, t, tid] += partial[r, t, tid + stride]
                 cuda.syncthreads()
                 stride //= 2
-            for i in range(tid, COALESCED_ROWS * num_tokens, threads):
+            for i in range(tid, rows * num_tokens, threads):
                 r = i // num_tokens
                 t = i - r * num_tokens
                 if row0 + r < out_features:
                     out[t, row0 + r] = partial[r, t, 0]
-            cuda.syncthreads()  # the next row pair overwrites `partial` only after these reads
+            cuda.syncthreads()  # the next row group overwrites `partial` only after these reads
 
     return kernel
 
@@ -148,6 +183,73 @@ def gemm_kernel(x, w_bits, out):
         out[t, n] = acc
 
 
+@jit
+def gemm_blocked_kernel(x, w_bits, out):
+    # Both tiles are stored k-major (transposed from global memory), so step kk of the inner loop reads one
+    # shared row: a warp (2 thread rows ty x 16 columns tx) reads 2 distinct x values (broadcasts) and 16
+    # consecutive weights (16 banks), no bank conflicts.
+    x_tile = cuda.shared.array((BLOCK_K, BLOCK_TOKENS_PADDED), np.float32)    # x_tile[kk, m] = x[t0 + m, k0 + kk]
+    w_tile = cuda.shared.array((BLOCK_K, BLOCK_FEATURES_PADDED), np.float32)  # w_tile[kk, j] = W[n0 + j, k0 + kk]
+    # Constant shapes, constant-trip loops: fully unrolled, so these three live in registers.
+    acc = cuda.local.array((THREAD_TOKENS, THREAD_FEATURES), np.float32)
+    x_col = cuda.local.array(THREAD_TOKENS, np.float32)
+    w_col = cuda.local.array(THREAD_FEATURES, np.float32)
+    num_tokens, in_features = x.shape
+    out_features = w_bits.shape[0]
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    t0 = cuda.blockIdx.y * BLOCK_TOKENS
+    n0 = cuda.blockIdx.x * BLOCK_FEATURES
+    # Loading: thread tid copies column tid % BLOCK_K of tile rows tid // BLOCK_K + LOAD_ROW_STEP * r, so
+    # a warp reads BLOCK_K consecutive k of each of 2 rows (coalesced along k).
+    tid = ty * BLOCKED_THREADS_X + tx
+    load_k = tid % BLOCK_K
+    load_row = tid // BLOCK_K
+    # Unsigned indices for the inner loop's shared reads: numba wraps negative signed indices around
+    # (x[-1] is the last element), a compare and add that LLVM could not remove here and that kept a
+    # separate address per read live across the loop (ptxas: 128 registers signed, 96 unsigned). Never
+    # mix them with signed ints: numba types uint64 + int64 as float64.
+    tx_u = np.uint64(tx)
+    ty_u = np.uint64(ty)
+    for i in range(THREAD_TOKENS):
+        for j in range(THREAD_FEATURES):
+            acc[i, j] = np.float32(0.0)
+    for k0 in range(0, in_features, BLOCK_K):
+        # Past the edges: k >= K is zero-filled (it would add to every output); rows past T or N are
+        # clamped to the last row, since they only reach accumulators that are never stored. Clamped
+        # addresses, no branch: the compiler can issue all 16 loads before the first store.
+        k = k0 + load_k
+        k_in_range = k < in_features
+        k_clamped = min(k, in_features - 1)
+        for r in range(BLOCK_TOKENS // LOAD_ROW_STEP):
+            m = load_row + r * LOAD_ROW_STEP
+            value = x[min(t0 + m, num_tokens - 1), k_clamped]
+            x_tile[load_k, m] = value if k_in_range else np.float32(0.0)
+        for r in range(BLOCK_FEATURES // LOAD_ROW_STEP):
+            j = load_row + r * LOAD_ROW_STEP
+            value = bf16_to_f32(w_bits[min(n0 + j, out_features - 1), k_clamped])  # decoded once per block
+            w_tile[load_k, j] = value if k_in_range else np.float32(0.0)
+        cuda.syncthreads()
+        # This thread's micro-tile: tokens ty + BLOCKED_THREADS_Y * i, features tx + BLOCKED_THREADS_X * j
+        # (strided, so a warp's reads of one shared row are broadcasts or consecutive words).
+        for kk in range(np.uint64(BLOCK_K)):
+            for i in range(THREAD_TOKENS):
+                x_col[i] = x_tile[kk, ty_u + np.uint64(i * BLOCKED_THREADS_Y)]
+            for j in range(THREAD_FEATURES):
+                w_col[j] = w_tile[kk, tx_u + np.uint64(j * BLOCKED_THREADS_X)]
+            for i in range(THREAD_TOKENS):
+                for j in range(THREAD_FEATURES):
+                    acc[i, j] += x_col[i] * w_col[j]
+        cuda.syncthreads()  # nobody overwrites the tiles while others still read them
+    for i in range(THREAD_TOKENS):
+        t = t0 + ty + i * BLOCKED_THREADS_Y
+        if t < num_tokens:
+            for j in range(THREAD_FEATURES):
+                n = n0 + tx + j * BLOCKED_THREADS_X
+                if n < out_features:
+                    out[t, n] = acc[i, j]  # a warp stores 16 consecutive n of 2 rows
+
+
 def _check_shapes(x, w_bits, out):
     assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
     assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
@@ -167,22 +269,26 @@ def gemv(x, w_bits, out=None):
     return out
 
 
-def gemv_coalesced(x, w_bits, out=None, threads=None):
-    """gemv with coalesced weight reads: a block of `threads` (power of two) splits each of its
-    COALESCED_ROWS rows along K, a warp reading 32 consecutive bf16 pairs (128 bytes) per load instruction.
-    in_features must be even (rows are read as uint32 words) and w_bits C-contiguous (a uint32 view)."""
+def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, word_elements=2):
+    """gemv with coalesced weight reads: a block of `threads` (power of two) splits each of its `rows`
+    rows along K, a warp reading 32 consecutive words of `word_elements` bf16 (128 or 256 bytes) per load
+    instruction. in_features must be a multiple of word_elements and w_bits C-contiguous (a word view)."""
     out = _check_shapes(x, w_bits, out)
     num_tokens, in_features = x.shape
     out_features = w_bits.shape[0]
     assert num_tokens <= MAX_GEMV_TOKENS, f"gemv takes at most {MAX_GEMV_TOKENS} tokens, got {num_tokens}"
-    assert in_features % 2 == 0, f"gemv_coalesced reads bf16 pairs: in_features must be even, got {in_features}"
+    assert in_features % word_elements == 0, (
+        f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
     threads = COALESCED_THREADS if threads is None else threads
+    rows = COALESCED_ROWS if rows is None else rows
+    unroll = COALESCED_UNROLL if unroll is None else unroll
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     if num_tokens > 0 and out_features > 0:
-        row_pairs = cdiv(out_features, COALESCED_ROWS)
-        blocks = min(row_pairs, SIMULATOR_GRID[0]) if SIMULATOR else row_pairs
-        w_words = w_bits.view(np.uint32)
-        gemv_coalesced_kernel(num_tokens, threads)[blocks, threads, launch_stream()](x, w_words, out)
+        row_groups = cdiv(out_features, rows)
+        blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
+        w_words = w_bits.view(np.uint32 if word_elements == 2 else np.uint64)
+        kernel = gemv_coalesced_kernel(num_tokens, threads, rows, unroll, word_elements)
+        kernel[blocks, threads, launch_stream()](x, w_words, out)
     return out
 
 
@@ -195,10 +301,22 @@ def gemm(x, w_bits, out=None):
     return out
 
 
+def gemm_blocked(x, w_bits, out=None):
+    """y = x @ W.T for many tokens: a BLOCK_TOKENS x BLOCK_FEATURES output tile per block, a register-blocked
+    THREAD_TOKENS x THREAD_FEATURES micro-tile per thread. Any T, N and K (weights are read as bf16 halves)."""
+    out = _check_shapes(x, w_bits, out)
+    if x.shape[0] > 0 and w_bits.shape[0] > 0:
+        grid = (cdiv(w_bits.shape[0], BLOCK_FEATURES), cdiv(x.shape[0], BLOCK_TOKENS))
+        block = (BLOCKED_THREADS_X, BLOCKED_THREADS_Y)
+        gemm_blocked_kernel[grid, block, launch_stream()](x, w_bits, out)
+    return out
+
+
 def linear_kernel_name(num_tokens: int, in_features: int) -> str:
     """Which kernel `linear` runs for this shape (the debugger and the stepping API show it).
 
-    On a GPU: gemv_coalesced for decode-sized batches (gemv if in_features is odd), gemm for prefill.
+    On a GPU: gemv_coalesced for decode-sized batches (gemv if in_features is odd), gemm_blocked for prefill
+    (`gemm` stays callable: the readable version of the same tiling).
     In the simulator every syncthreads costs milliseconds per block, so there the syncthreads-free gemv
     does everything: decode batches directly, prefill in chunks of MAX_GEMV_TOKENS tokens (same result up
     to float32 summation order).
@@ -207,7 +325,7 @@ def linear_kernel_name(num_tokens: int, in_features: int) -> str:
         return "gemv"
     if num_tokens <= MAX_GEMV_TOKENS:
         return "gemv_coalesced" if in_features % 2 == 0 else "gemv"
-    return "gemm"
+    return "gemm_blocked"
 
 
 def linear(x, w_bits, out=None):
@@ -217,8 +335,8 @@ def linear(x, w_bits, out=None):
     kernel = linear_kernel_name(num_tokens, x.shape[1])
     if kernel == "gemv_coalesced":
         return gemv_coalesced(x, w_bits, out)
-    if kernel == "gemm":
-        return gemm(x, w_bits, out)
+    if kernel == "gemm_blocked":
+        return gemm_blocked(x, w_bits, out)
     if num_tokens <= MAX_GEMV_TOKENS:
         return gemv(x, w_bits, out)
     for start in range(0, num_tokens, MAX_GEMV_TOKENS):  # the simulator's prefill

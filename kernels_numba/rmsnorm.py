@@ -1,11 +1,14 @@
-"""RMSNorm as in HF LlamaRMSNorm, all float32:
+"""RMSNorm as in HF LlamaRMSNorm, all float32, and the residual add fused in front of it:
 
-    y = w * (x * rsqrt(mean(x^2) + eps))        (w decoded from bf16; this product order, as HF)
+    rmsnorm:      y = w * (x * rsqrt(mean(x^2) + eps))        (w decoded from bf16; this product order, as HF)
+    add_rmsnorm:  h = x + residual,  y = rmsnorm(h)            (returns both: h is the next residual stream)
 
 Launch layout: one block per row on the GPU (blocks stride over rows, so the simulator can run a grid
 of SIMULATOR_BLOCKS); its threads stride over the row summing x^2, a shared-memory tree reduction
 (power-of-two block) gives the row's sum, thread 0 turns it into the scale, then every thread writes its
-strided share of the row.
+strided share of the row. add_rmsnorm_kernel is the same body with the add in front: a thread's first pass
+also writes its strided share of h = x + residual, and its second pass normalises that share of h.
+Fused because the decode step runs residual_add then rmsnorm twice a layer: one launch instead of two.
 """
 import math
 
@@ -22,52 +25,102 @@ DEFAULT_THREADS = 4 if SIMULATOR else 128
 SIMULATOR_BLOCKS = 2
 
 
-@jit
-def rmsnorm_kernel(x, weight, eps, out):
-    tid = cuda.threadIdx.x
-    n_threads = cuda.blockDim.x
-    n_rows, hidden = x.shape
-    partial = cuda.shared.array(MAX_THREADS, np.float32)
-    scale = cuda.shared.array(1, np.float32)
-    for row in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
-        acc = np.float32(0.0)
-        for col in range(tid, hidden, n_threads):
-            v = x[row, col]
-            acc += v * v
-        partial[tid] = acc
-        cuda.syncthreads()
+@jit(device=True)
+def row_scale(sum_of_squares, hidden, eps):
+    """rsqrt(mean(x^2) + eps) from the row's float32 sum of squares."""
+    mean_square = sum_of_squares / np.float32(hidden)
+    # no libdevice rsqrt in the simulator; 1/sqrt in float32 differs from it by at most ~1 ulp
+    return np.float32(np.float32(1.0) / np.float32(math.sqrt(mean_square + eps)))
 
-        stride = n_threads // 2
-        while stride > 0:
-            if tid < stride:
-                partial[tid] += partial[tid + stride]
+
+def _row_norm_kernel(add_residual: bool):
+    """The kernel both launchers use. `add_residual` is a closure constant, which numba compiles in as a
+    constant (the other branch is dropped): two specialised kernels from one body, so the fused kernel
+    does exactly rmsnorm's float32 operations in rmsnorm's reduction order. Without it `residual` is
+    unused and the launcher passes x as both `residual` and `h` (h is the array the second pass normalises)."""
+
+    @jit
+    def kernel(x, residual, weight, eps, h, out):
+        tid = cuda.threadIdx.x
+        n_threads = cuda.blockDim.x
+        n_rows, hidden = x.shape
+        partial = cuda.shared.array(MAX_THREADS, np.float32)
+        scale = cuda.shared.array(1, np.float32)
+        for row in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
+            acc = np.float32(0.0)
+            for col in range(tid, hidden, n_threads):
+                if add_residual:
+                    v = x[row, col] + residual[row, col]
+                    h[row, col] = v  # read back below by this same thread: no barrier needed
+                else:
+                    v = x[row, col]
+                acc += v * v
+            partial[tid] = acc
             cuda.syncthreads()
-            stride //= 2
 
-        if tid == 0:
-            mean_square = partial[0] / np.float32(hidden)
-            # no libdevice rsqrt in the simulator; 1/sqrt in float32 differs from it by at most ~1 ulp
-            scale[0] = np.float32(np.float32(1.0) / np.float32(math.sqrt(mean_square + eps)))
-        cuda.syncthreads()
+            stride = n_threads // 2
+            while stride > 0:
+                if tid < stride:
+                    partial[tid] += partial[tid + stride]
+                cuda.syncthreads()
+                stride //= 2
 
-        s = scale[0]
-        for col in range(tid, hidden, n_threads):
-            out[row, col] = bf16_to_f32(weight[col]) * (x[row, col] * s)
-        cuda.syncthreads()  # every thread has read scale[0] before the next row's thread 0 rewrites it
+            if tid == 0:
+                scale[0] = row_scale(partial[0], hidden, eps)
+            cuda.syncthreads()
+
+            s = scale[0]
+            for col in range(tid, hidden, n_threads):
+                out[row, col] = bf16_to_f32(weight[col]) * (h[row, col] * s)
+            cuda.syncthreads()  # every thread has read scale[0] before the next row's thread 0 rewrites it
+
+    return kernel
+
+
+rmsnorm_kernel = _row_norm_kernel(add_residual=False)     # (x, x, weight, eps, x, out)
+add_rmsnorm_kernel = _row_norm_kernel(add_residual=True)  # (x, residual, weight, eps, h, out)
+
+
+def _check_threads(threads):
+    threads = DEFAULT_THREADS if threads is None else threads
+    assert 0 < threads <= MAX_THREADS and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
+    return threads
+
+
+def _row_blocks(n_rows):
+    return min(n_rows, SIMULATOR_BLOCKS) if SIMULATOR else n_rows
 
 
 def rmsnorm(x, weight_bits, eps, out=None, threads=None):
     """x float32 [T, H], weight_bits uint16 bf16 [H] -> float32 [T, H] (device arrays); out may be x."""
-    threads = DEFAULT_THREADS if threads is None else threads
-    assert 0 < threads <= MAX_THREADS and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
+    threads = _check_threads(threads)
     n_rows, hidden = x.shape
     assert weight_bits.shape == (hidden,), (weight_bits.shape, hidden)
     out = device_empty(x.shape, np.float32) if out is None else out
     assert out.shape == x.shape, (out.shape, x.shape)
     if n_rows:
-        blocks = min(n_rows, SIMULATOR_BLOCKS) if SIMULATOR else n_rows
-        rmsnorm_kernel[blocks, threads, launch_stream()](x, weight_bits, np.float32(eps), out)
+        rmsnorm_kernel[_row_blocks(n_rows), threads, launch_stream()](x, x, weight_bits, np.float32(eps), x, out)
     return out
+
+
+def add_rmsnorm(x, residual, weight_bits, eps, out=None, h_out=None, threads=None):
+    """x, residual float32 [T, H], weight_bits uint16 bf16 [H] -> (h, y) float32 [T, H] (device arrays),
+    h = x + residual, y = rmsnorm(h): bit-identical to residual_add then rmsnorm with the same threads.
+
+    x and residual are left as they are unless h_out or out is one of them (each element is read before
+    it is written, so either may be).
+    """
+    threads = _check_threads(threads)
+    n_rows, hidden = x.shape
+    assert residual.shape == x.shape, (residual.shape, x.shape)
+    assert weight_bits.shape == (hidden,), (weight_bits.shape, hidden)
+    h = device_empty(x.shape, np.float32) if h_out is None else h_out
+    out = device_empty(x.shape, np.float32) if out is None else out
+    assert h.shape == x.shape and out.shape == x.shape, (h.shape, out.shape, x.shape)
+    if n_rows:
+        add_rmsnorm_kernel[_row_blocks(n_rows), threads, launch_stream()](
+            x, residual, weight_bits, np.float32(eps), h, out)
+    return h, out
 
 
 def rmsnorm_ref(x: np.ndarray, weight_bits: np.ndarray, eps: float) -> np.ndarray:
@@ -75,3 +128,8 @@ def rmsnorm_ref(x: np.ndarray, weight_bits: np.ndarray, eps: float) -> np.ndarra
     mean_square = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
     scale = np.float32(1.0) / np.sqrt(mean_square + np.float32(eps))
     return bf16_to_f32_ref(weight_bits) * (x * scale)
+
+
+def add_rmsnorm_ref(x: np.ndarray, residual: np.ndarray, weight_bits: np.ndarray, eps: float):
+    h = x.astype(np.float32) + residual.astype(np.float32)
+    return h, rmsnorm_ref(h, weight_bits, eps)

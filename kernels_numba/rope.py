@@ -1,9 +1,13 @@
 """Rotary position embedding, HF "rotate-half" layout (the first and second half of a head pair up):
 
     h = hd/2, a = float32(pos) * inv_freq[i]:  out[i] = x[i] cos a - x[i+h] sin a,  out[i+h] = x[i+h] cos a + x[i] sin a
+    rope_qkv:  qkv row = [q heads | k heads | v heads]  ->  q = rope(q heads), k = rope(k heads), v = v heads
 
 Launch layout: one thread per (token, head, i < h) on the GPU, grid-stride so the simulator can run a
 small grid; a thread reads both halves of its pair before writing them, so `out` may be `x` itself (in place).
+rope_qkv_kernel: one thread per (token, head of q, k or v, i < h) of the fused projection's output; it
+rotates its pair into q or k, or copies it into v. Both kernels rotate with the same device function.
+Fused because the decode step projects q, k and v with one matmul: one launch splits and rotates all three.
 `rope_inv_freq` (host) builds inv_freq in float32 with the same operations, in the same order, as
 transformers' modeling_rope_utils, so the angles match HF's bit for bit.
 For the supported rope types HF's attention_scaling is 1.0, so cos and sin are not scaled.
@@ -69,6 +73,15 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
     return inv_freq.astype(np.float32)
 
 
+@jit(device=True)
+def rotate_pair(x1, x2, position, freq):
+    """(x[i], x[i+h]) rotated by the angle float32(position) * inv_freq[i]."""
+    angle = np.float32(position) * freq
+    c = np.float32(math.cos(angle))  # math.cos(float32) is float64 in the simulator: cast back
+    s = np.float32(math.sin(angle))
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
 @jit
 def rope_kernel(x, positions, inv_freq, out):
     n_tokens, n_heads, head_dim = x.shape
@@ -77,13 +90,35 @@ def rope_kernel(x, positions, inv_freq, out):
         i = idx % half
         head = (idx // half) % n_heads
         t = idx // (half * n_heads)
-        angle = np.float32(positions[t]) * inv_freq[i]
-        c = np.float32(math.cos(angle))  # math.cos(float32) is float64 in the simulator: cast back
-        s = np.float32(math.sin(angle))
-        x1 = x[t, head, i]
-        x2 = x[t, head, i + half]
-        out[t, head, i] = x1 * c - x2 * s
-        out[t, head, i + half] = x2 * c + x1 * s
+        y1, y2 = rotate_pair(x[t, head, i], x[t, head, i + half], positions[t], inv_freq[i])
+        out[t, head, i] = y1
+        out[t, head, i + half] = y2
+
+
+@jit
+def rope_qkv_kernel(qkv, positions, inv_freq, q, k, v):
+    n_tokens = qkv.shape[0]
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    n_kv_heads = k.shape[1]
+    n_all_heads = n_heads + 2 * n_kv_heads
+    half = head_dim // 2
+    for idx in range(cuda.grid(1), n_tokens * n_all_heads * half, cuda.gridsize(1)):
+        i = idx % half
+        head = (idx // half) % n_all_heads  # q heads, then k heads, then v heads
+        t = idx // (half * n_all_heads)
+        x1 = qkv[t, head * head_dim + i]
+        x2 = qkv[t, head * head_dim + i + half]
+        if head < n_heads:
+            y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
+            q[t, head, i] = y1
+            q[t, head, i + half] = y2
+        elif head < n_heads + n_kv_heads:
+            y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
+            k[t, head - n_heads, i] = y1
+            k[t, head - n_heads, i + half] = y2
+        else:
+            v[t, head - n_heads - n_kv_heads, i] = x1
+            v[t, head - n_heads - n_kv_heads, i + half] = x2
 
 
 def rope(x, positions, inv_freq, out=None):
@@ -103,9 +138,39 @@ def rope(x, positions, inv_freq, out=None):
     return out
 
 
+def rope_qkv(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, q_out=None, k_out=None, v_out=None):
+    """qkv float32 [T, (n_heads + 2 n_kv_heads) * hd] (columns: q heads | k heads | v heads), positions int32
+    [T], inv_freq float32 [hd/2] -> (q [T, n_heads, hd], k [T, n_kv_heads, hd], v [T, n_kv_heads, hd]), float32
+    device arrays: q and k rotated exactly as rope() rotates them, v a copy.
+    """
+    n_tokens, width = qkv.shape
+    assert head_dim % 2 == 0 and inv_freq.shape == (head_dim // 2,), (head_dim, inv_freq.shape)
+    assert width == (n_heads + 2 * n_kv_heads) * head_dim, (qkv.shape, n_heads, n_kv_heads, head_dim)
+    assert positions.shape == (n_tokens,), (positions.shape, n_tokens)
+    q_shape, kv_shape = (n_tokens, n_heads, head_dim), (n_tokens, n_kv_heads, head_dim)
+    q = device_empty(q_shape, np.float32) if q_out is None else q_out
+    k = device_empty(kv_shape, np.float32) if k_out is None else k_out
+    v = device_empty(kv_shape, np.float32) if v_out is None else v_out
+    assert q.shape == q_shape and k.shape == kv_shape and v.shape == kv_shape, (q.shape, k.shape, v.shape)
+    n_pairs = n_tokens * (n_heads + 2 * n_kv_heads) * (head_dim // 2)
+    if n_pairs:
+        blocks, threads = grid_stride_launch(n_pairs, THREADS)
+        rope_qkv_kernel[blocks, threads, launch_stream()](qkv, positions, inv_freq, q, k, v)
+    return q, k, v
+
+
 def rope_ref(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     half = x.shape[-1] // 2
     angle = positions.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]  # [T, h]
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     x1, x2 = x[..., :half].astype(np.float32), x[..., half:].astype(np.float32)
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rope_qkv_ref(qkv: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, n_heads: int, n_kv_heads: int,
+                 head_dim: int):
+    n_tokens = qkv.shape[0]
+    q, k, v = np.split(qkv.astype(np.float32), [n_heads * head_dim, (n_heads + n_kv_heads) * head_dim], axis=1)
+    return (rope_ref(q.reshape(n_tokens, n_heads, head_dim), positions, inv_freq),
+            rope_ref(k.reshape(n_tokens, n_kv_heads, head_dim), positions, inv_freq),
+            v.reshape(n_tokens, n_kv_heads, head_dim))

@@ -3,17 +3,18 @@ import pytest
 
 from kernels_numba.bf16 import bf16_to_f32_ref, f32_to_bf16_ref
 from kernels_numba.common import cuda
-from kernels_numba.matmul import (COALESCED_ROWS, MAX_GEMV_TOKENS, gemm, gemv, gemv_coalesced, linear,
-                                  linear_ref)
+from kernels_numba import matmul
+from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_ROWS, MAX_GEMV_TOKENS, gemm,
+                                  gemm_blocked, gemv, gemv_coalesced, linear, linear_kernel_name, linear_ref)
 from tests.helpers import poisoned
 
 OUT_FEATURES = 45  # not a multiple of TILE (16), of a warp, nor of gemv_coalesced's rows per block
 UNIT_ROUNDOFF = 2.0**-24
 
 
-def _inputs(rng, num_tokens, in_features):
+def _inputs(rng, num_tokens, in_features, out_features=OUT_FEATURES):
     x = rng.standard_normal((num_tokens, in_features)).astype(np.float32)
-    w_bits = f32_to_bf16_ref(rng.standard_normal((OUT_FEATURES, in_features)).astype(np.float32))
+    w_bits = f32_to_bf16_ref(rng.standard_normal((out_features, in_features)).astype(np.float32))
     return x, w_bits
 
 
@@ -72,6 +73,17 @@ def test_gemv_coalesced_other_block_sizes(rng, threads):
     _assert_close_to_ref(got.copy_to_host(), x, w_bits)
 
 
+# The variants the GPU sweep (scripts/sweep_gemv.py) tries: rows per block, loads in flight, 4 bf16 per load.
+@pytest.mark.parametrize("rows, unroll, word_elements, in_features", [(1, 2, 2, 66), (4, 8, 2, 130),
+                                                                        (2, 4, 4, 132), (8, 1, 4, 68)])
+def test_gemv_coalesced_variants(rng, rows, unroll, word_elements, in_features):
+    x, w_bits = _inputs(rng, 3, in_features)
+    out = poisoned((3, OUT_FEATURES), np.float32)
+    got = gemv_coalesced(cuda.to_device(x), cuda.to_device(w_bits), out=out, rows=rows, unroll=unroll,
+                         word_elements=word_elements)
+    _assert_close_to_ref(got.copy_to_host(), x, w_bits)
+
+
 def test_gemv_coalesced_reads_a_row_slice_of_a_bigger_weight(rng):
     """Fused projections hand it row ranges of one weight: the uint32 view must start at the slice."""
     x, w_bits = _inputs(rng, 2, 66)
@@ -94,6 +106,57 @@ def test_gemm_matches_ref(rng, num_tokens, in_features):
     out = poisoned((num_tokens, OUT_FEATURES), np.float32)
     got = gemm(cuda.to_device(x), cuda.to_device(w_bits), out=out)
     _assert_close_to_ref(got.copy_to_host(), x, w_bits)
+
+
+# A simulated gemm_blocked block is 128 threads (~0.3 s a block here), so the shapes stay at a few blocks
+# and steps of K. in_features 40, 33 and 100 end in a partial K step (8, 1 and 4 of BLOCK_K = 16; 33 is
+# odd); T = 70 and N = 70 need a second, mostly empty block; 64 x 64 x 32 is whole tiles only.
+assert OUT_FEATURES < BLOCK_FEATURES == BLOCK_TOKENS == 64 and BLOCK_K == 16
+
+
+@pytest.mark.parametrize("num_tokens, in_features, out_features", [
+    (1, 40, OUT_FEATURES), (17, 40, OUT_FEATURES), (70, 40, OUT_FEATURES), (17, 33, 70), (64, 32, 64),
+    (130, 100, 70)])
+def test_gemm_blocked_matches_ref(rng, num_tokens, in_features, out_features):
+    x, w_bits = _inputs(rng, num_tokens, in_features, out_features)
+    out = poisoned((num_tokens, out_features), np.float32)
+    got = gemm_blocked(cuda.to_device(x), cuda.to_device(w_bits), out=out)
+    assert got is out
+    _assert_close_to_ref(out.copy_to_host(), x, w_bits)
+
+
+def test_gemm_blocked_reads_a_row_slice_of_a_bigger_weight(rng):
+    """Fused projections hand linear row ranges of one weight: the tiles must start at the slice."""
+    x, w_bits = _inputs(rng, 9, 20)
+    stacked = np.concatenate([f32_to_bf16_ref(rng.standard_normal((5, 20)).astype(np.float32)), w_bits])
+    got = gemm_blocked(cuda.to_device(x), cuda.to_device(stacked)[5:], out=poisoned((9, OUT_FEATURES), np.float32))
+    _assert_close_to_ref(got.copy_to_host(), x, w_bits)
+
+
+def test_linear_kernel_name_picks_gemm_blocked_for_prefill_on_a_gpu(monkeypatch):
+    if matmul.SIMULATOR:
+        assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64) == "gemv"  # the simulator: gemv in chunks
+    monkeypatch.setattr(matmul, "SIMULATOR", False)
+    assert linear_kernel_name(MAX_GEMV_TOKENS, 64) == "gemv_coalesced"
+    assert linear_kernel_name(MAX_GEMV_TOKENS, 63) == "gemv"
+    assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64) == "gemm_blocked"
+    assert linear_kernel_name(512, 63) == "gemm_blocked"
+
+
+def test_linear_runs_gemm_blocked_when_it_picks_it(rng, monkeypatch):
+    monkeypatch.setattr(matmul, "SIMULATOR", False)  # linear's GPU choice, run in the simulator
+    launched = []
+
+    def counting_gemm_blocked(*args):
+        launched.append(1)
+        return gemm_blocked(*args)
+
+    monkeypatch.setattr(matmul, "gemm_blocked", counting_gemm_blocked)
+    x, w_bits = _inputs(rng, MAX_GEMV_TOKENS + 1, 24)
+    out = poisoned((MAX_GEMV_TOKENS + 1, OUT_FEATURES), np.float32)
+    assert linear(cuda.to_device(x), cuda.to_device(w_bits), out=out) is out
+    assert launched == [1]
+    _assert_close_to_ref(out.copy_to_host(), x, w_bits)
 
 
 @pytest.mark.parametrize("num_tokens", [1, 8, 13, 17])  # 13 and 17 need chunks in the simulator

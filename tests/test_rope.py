@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import cuda
-from kernels_numba.rope import rope, rope_inv_freq, rope_ref
+from kernels_numba.rope import rope, rope_inv_freq, rope_qkv, rope_qkv_ref, rope_ref
 from tests.helpers import poisoned
 
 # Llama-3.2-1B's rope_scaling (its head_dim is 64, theta 500000); with head_dim 16 instead the
@@ -134,3 +134,45 @@ def test_rope_ref_matches_transformers(rng):
     want, _ = apply_rotary_pos_emb(q, q, emb.cos()[None], emb.sin()[None])
     # both float32 with cos/sin from different libms: same bound as TOL
     np.testing.assert_allclose(rope_ref(x, positions, inv_freq), want[0].transpose(0, 1).numpy(), **TOL)
+
+
+# GQA (4 q heads share 2 kv heads) and MHA; head_dim 16 with llama3 scaling puts the frequencies in all bands.
+@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim", [(4, 2, 16), (3, 3, 8), (2, 1, 18)])
+def test_rope_qkv_matches_ref_and_unfused_rope_bit_for_bit(rng, n_heads, n_kv_heads, head_dim):
+    n_tokens = 5
+    qkv = rng.standard_normal((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
+    assert (qkv != 0).all()
+    positions = np.array([4093, 17, 2047, 3, 300], dtype=np.int32)  # not sorted, no 0
+    inv_freq = rope_inv_freq(head_dim, 500000.0, LLAMA3)
+    d_qkv, d_positions, d_inv_freq = cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(inv_freq)
+    q_shape, kv_shape = (n_tokens, n_heads, head_dim), (n_tokens, n_kv_heads, head_dim)
+    outs = poisoned(q_shape, np.float32), poisoned(kv_shape, np.float32), poisoned(kv_shape, np.float32)
+    returned = rope_qkv(d_qkv, d_positions, d_inv_freq, n_heads, n_kv_heads, head_dim, *outs)
+    assert all(got is want for got, want in zip(returned, outs))
+    q, k, v = (a.copy_to_host() for a in returned)
+
+    want_q, want_k, want_v = rope_qkv_ref(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim)
+    np.testing.assert_allclose(q, want_q, **TOL)
+    np.testing.assert_allclose(k, want_k, **TOL)
+    np.testing.assert_array_equal(v, want_v)
+
+    # rope() on the separately projected q and k (contiguous copies of the slices): every bit the same
+    q_cols, k_cols = n_heads * head_dim, n_kv_heads * head_dim
+    q_part = np.ascontiguousarray(qkv[:, :q_cols]).reshape(q_shape)
+    k_part = np.ascontiguousarray(qkv[:, q_cols:q_cols + k_cols]).reshape(kv_shape)
+    unfused_q = rope(cuda.to_device(q_part), d_positions, d_inv_freq, out=poisoned(q_shape, np.float32))
+    unfused_k = rope(cuda.to_device(k_part), d_positions, d_inv_freq, out=poisoned(kv_shape, np.float32))
+    np.testing.assert_array_equal(q.view(np.uint32), unfused_q.copy_to_host().view(np.uint32))
+    np.testing.assert_array_equal(k.view(np.uint32), unfused_k.copy_to_host().view(np.uint32))
+    np.testing.assert_array_equal(v.view(np.uint32), qkv[:, q_cols + k_cols:].reshape(kv_shape).view(np.uint32))
+    np.testing.assert_array_equal(d_qkv.copy_to_host(), qkv)  # input untouched
+
+
+def test_rope_qkv_allocates_its_outputs(rng):
+    qkv = rng.standard_normal((2, (2 + 2 * 1) * 8)).astype(np.float32)
+    positions = np.array([9, 4], dtype=np.int32)
+    inv_freq = rope_inv_freq(8, 10000.0, None)
+    q, k, v = rope_qkv(cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(inv_freq), 2, 1, 8)
+    assert (q.shape, k.shape, v.shape) == ((2, 2, 8), (2, 1, 8), (2, 1, 8))
+    for got, want in zip((q, k, v), rope_qkv_ref(qkv, positions, inv_freq, 2, 1, 8)):
+        np.testing.assert_allclose(got.copy_to_host(), want, **TOL)

@@ -17,8 +17,11 @@ def test_a_two_sequence_step_costs_what_the_counts_say():
     costs = stage_costs(CONFIG, batch, logits_rows=2)
     T, H, I, V = 4, 8, 12, 100
     q_width, kv_width = 4 * 2, 2 * 2
-    assert costs["q"].flops == 2 * T * H * q_width
-    assert costs["q"].bytes == q_width * H * 2 + T * (H + q_width) * 4
+    qkv_width = q_width + 2 * kv_width  # q, k and v are one projection
+    assert costs["q"].flops == 2 * T * H * qkv_width
+    assert costs["q"].bytes == qkv_width * H * 2 + T * (H + qkv_width) * 4
+    assert costs["k"].bytes == costs["post_norm"].flops == 0
+    assert costs["output"].bytes == H * 2 + 4 * T * H * 4  # reads m, h; writes h, x; one norm weight
     assert costs["logits"].flops == 2 * 2 * H * V
     # keys: sequence 0 holds 3, sequence 1 holds 6; each K and V row is kv_width float32
     assert costs["attn"].bytes == (3 + 6) * kv_width * 2 * 4 + T * (2 * kv_width + 2 * q_width) * 4

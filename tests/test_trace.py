@@ -36,7 +36,7 @@ def test_a_decode_step_stage_has_no_golden(capsys):
                          "--no-goldens", "--max-model-len", "16")
     assert code == 0, err
     first = out.splitlines()[0]
-    assert first.startswith("step 1 stage layers.0.k: kernel matmul.") and "+ rope.rope" in first
+    assert first.startswith("step 1 stage layers.0.k: kernel (computed by layers.0.q)")  # fused q|k|v + rope
     assert "shape (1, 2, 16) float32" in out and "golden: absent (no golden file)" in out
 
 

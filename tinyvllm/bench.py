@@ -420,6 +420,8 @@ def bench_kernels(engines, w: Workloads, cfg, log) -> list[dict]:
     for phase in ("prefill", "decode"):
         seconds, kernels, counts = {}, {}, {}
         for stage in engine.step_stages(synchronize=True):
+            if not stage.launched:  # its output came from an earlier stage's fused kernel
+                continue
             kind = stage.name.split(".")[-1]
             seconds[kind] = seconds.get(kind, 0.0) + stage.seconds
             kernels[kind], counts[kind] = stage.kernel, counts.get(kind, 0) + 1

@@ -19,16 +19,17 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from kernels_numba.common import cuda
+from kernels_numba.common import SIMULATOR, cdiv, cuda
 from kernels_numba.embedding import take_rows
-from kernels_numba.sampling import sample, suppress_tokens
+from kernels_numba.sampling import argmax, sample, suppress_tokens
 
 from .block_manager import BlockManager
+from .cuda_graphs import DecodeGraphs
 from .errors import TinyVLLMError
 from .kv_pool import KVPool, blocks_that_fit
 from .metrics import MetricsCollector, RequestMetrics
 from .model import LoadedModel, load_model, log_to_stderr
-from .model_runner import ForwardBatch, ModelRunner, Stage
+from .model_runner import ForwardBatch, ModelRunner, Stage, drain
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import Sequence
@@ -47,6 +48,7 @@ class EngineConfig:
     chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     batching: str = "continuous"          # or "static": a batch runs to completion before the next
+    cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
 
     def __post_init__(self):
         def check(ok, message):
@@ -113,6 +115,9 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
+        use_graphs = (not SIMULATOR) if config.cuda_graphs is None else config.cuda_graphs
+        max_blocks_per_seq = cdiv(self.max_model_len, config.block_size)
+        self.decode_graphs = DecodeGraphs(self.runner, config.max_num_seqs, max_blocks_per_seq) if use_graphs else None
         self.metrics = MetricsCollector()
         self.tokenizer = self.model.tokenizer
         # generation_config.json's eos_token_id, when present, overrides config.json's (as in transformers)
@@ -174,16 +179,15 @@ class LLMEngine:
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        stages = self.step_stages(synchronize=False)
-        while True:
-            try:
-                next(stages)
-            except StopIteration as done:
-                return done.value
+        """One scheduler step, launches left asynchronous; decode-only steps replay a CUDA graph when
+        the engine has them (EngineConfig.cuda_graphs)."""
+        return drain(self.step_stages(synchronize=False, graphs=True))
 
-    def step_stages(self, all_logits: bool = False, synchronize: bool = True) -> Iterator[Stage]:
+    def step_stages(self, all_logits: bool = False, synchronize: bool = True,
+                    graphs: bool = False) -> Iterator[Stage]:
         """One scheduler step as a generator of forward-pass stages; returns the step's RequestOutputs.
-        `synchronize`: wait for each stage's kernels (see ModelRunner.forward_stages)."""
+        `synchronize`: wait for each stage's kernels (see ModelRunner.forward_stages). `graphs`: a
+        decode-only step replays its captured graph instead, yielding no stages."""
         outputs = [self._output(r) for r in self._rejected]
         for r in self._rejected:
             self.metrics.on_finished(r.request_id, time.perf_counter(), r.finish_reason)
@@ -196,7 +200,10 @@ class LLMEngine:
         if not schedule.is_empty:
             batch = self._build_batch(schedule)
             self.last_batch = batch
-            logits = yield from self.runner.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
+            if graphs and not all_logits and self.decode_graphs and self.decode_graphs.can_run(batch):
+                logits = self.decode_graphs.run(batch)
+            else:
+                logits = yield from self.runner.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
             if all_logits:
                 logits = take_rows(logits, cuda.to_device(batch.logits_rows))
             sampling = [s.seq for s in schedule.scheduled if s.samples]
@@ -286,6 +293,8 @@ class LLMEngine:
         if suppressed_rows:
             suppress_tokens(logits, cuda.to_device(np.array(suppressed_rows, np.int32)),
                             cuda.to_device(np.array(suppressed_ids, np.int32)))
+        if all(p.temperature == 0 for p in params):  # sample's T = 0 rows are argmax's answer: skip its inputs
+            return argmax(logits).copy_to_host().tolist()
         ids = sample(logits,
                      cuda.to_device(np.array([p.temperature for p in params], np.float32)),
                      cuda.to_device(np.array([p.top_k for p in params], np.int32)),

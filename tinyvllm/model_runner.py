@@ -7,6 +7,12 @@
 Per layer (HF LlamaDecoderLayer):
     x = rmsnorm(h) ; q, k, v = rope(x Wq), rope(x Wk), x Wv ; a = attention(q, KV cache) ;
     h = h + a Wo ; x = rmsnorm(h) ; h = h + (silu(x Wg) * (x Wu)) Wd
+
+Launched as 8 kernels per layer on the decode path: q|k|v as one projection then one rope kernel that
+splits it, the KV write, attention, o_proj, a residual add fused with the next RMSNorm, gate|up as one
+projection, silu_mul, down_proj (and the next add_rmsnorm). Every stage keeps its name and output; a
+stage whose output a fused kernel already produced launches nothing and says which stage computed it.
+CUDA graphs (tinyvllm/cuda_graphs.py) record this same generator for decode steps.
 """
 from __future__ import annotations
 
@@ -16,29 +22,30 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from kernels_numba.activation import residual_add, silu_mul
+from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.matmul import linear, linear_kernel_name
 from kernels_numba.paged_attention import (build_prefill_tiles, paged_attention_per_query,
                                            paged_attention_prefill, paged_attention_split_keys, write_kv_paged)
-from kernels_numba.rmsnorm import rmsnorm
-from kernels_numba.rope import rope
+from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
+from kernels_numba.rope import rope_qkv
 
 from .config import ModelConfig
 from .kv_pool import KVPool
 
+FUSED = "computed by"  # what a stage's kernel says when an earlier stage's fused kernel produced its output
+
 
 @dataclass
 class LayerWeights:
+    """One decoder layer's weights. q/k/v and gate/up are stored concatenated along the output features
+    ([Wq; Wk; Wv] and [Wg; Wu]) so each pair or triple is one projection: one launch, one pass over x."""
     input_norm: object
-    q_proj: object
-    k_proj: object
-    v_proj: object
+    qkv_proj: object      # [(n_heads + 2 n_kv_heads) head_dim, hidden]
     o_proj: object
     post_norm: object
-    gate_proj: object
-    up_proj: object
+    gate_up_proj: object  # [2 intermediate, hidden]
     down_proj: object
 
 
@@ -53,31 +60,33 @@ class DeviceWeights:
     @classmethod
     def upload(cls, config: ModelConfig, host: dict[str, np.ndarray],
                progress: Callable[[int, int], None] | None = None) -> "DeviceWeights":
-        total = len(host)
-        uploaded = {}
-        for done, (name, array) in enumerate(host.items(), 1):
-            uploaded[name] = cuda.to_device(np.ascontiguousarray(array))
+        total, done = len(host), 0
+
+        def to_device(*names: str):
+            nonlocal done
+            arrays = [host[n] for n in names]
+            device = cuda.to_device(np.ascontiguousarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays)))
+            done += len(names)
             if progress:
                 progress(done, total)
+            return device
 
         def layer(i: int) -> LayerWeights:
             p = f"model.layers.{i}."
             return LayerWeights(
-                input_norm=uploaded[p + "input_layernorm.weight"],
-                q_proj=uploaded[p + "self_attn.q_proj.weight"],
-                k_proj=uploaded[p + "self_attn.k_proj.weight"],
-                v_proj=uploaded[p + "self_attn.v_proj.weight"],
-                o_proj=uploaded[p + "self_attn.o_proj.weight"],
-                post_norm=uploaded[p + "post_attention_layernorm.weight"],
-                gate_proj=uploaded[p + "mlp.gate_proj.weight"],
-                up_proj=uploaded[p + "mlp.up_proj.weight"],
-                down_proj=uploaded[p + "mlp.down_proj.weight"],
+                input_norm=to_device(p + "input_layernorm.weight"),
+                qkv_proj=to_device(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
+                o_proj=to_device(p + "self_attn.o_proj.weight"),
+                post_norm=to_device(p + "post_attention_layernorm.weight"),
+                gate_up_proj=to_device(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                down_proj=to_device(p + "mlp.down_proj.weight"),
             )
 
-        embed = uploaded["model.embed_tokens.weight"]
-        lm_head = embed if config.tie_word_embeddings else uploaded["lm_head.weight"]
-        return cls(embed_tokens=embed, layers=[layer(i) for i in range(config.num_hidden_layers)],
-                   norm=uploaded["model.norm.weight"], lm_head=lm_head)
+        embed = to_device("model.embed_tokens.weight")
+        layers = [layer(i) for i in range(config.num_hidden_layers)]
+        norm = to_device("model.norm.weight")
+        lm_head = embed if config.tie_word_embeddings else to_device("lm_head.weight")
+        return cls(embed_tokens=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
 @dataclass
@@ -113,6 +122,45 @@ class ForwardBatch:
 
 
 @dataclass
+class DeviceBatch:
+    """A ForwardBatch's index arrays on the device (views into one upload), plus what the host needs to
+    pick kernels. The CUDA-graph decode path builds one over its own static buffers."""
+    token_ids: object
+    positions: object
+    query_seq: object
+    slot_mapping: object
+    block_tables: object
+    decode_only: bool
+    prefill_tiles: object = None   # kernels_numba.paged_attention.PrefillTiles, for steps with prefill chunks
+    logits_rows: object = None     # device int32 [R]: which tokens get logits; None: every token
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_ids.shape[0]
+
+
+def pack_int32(arrays: list[np.ndarray], out: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple]]:
+    """Lay int32 arrays end to end in one host array (one host-to-device copy instead of one each);
+    returns it and each array's (offset, shape) to cut views from the device copy with `unpack`."""
+    sizes = [a.size for a in arrays]
+    out = np.empty(sum(sizes), np.int32) if out is None else out
+    layout, offset = [], 0
+    for a, size in zip(arrays, sizes):
+        out[offset:offset + size] = a.reshape(-1)
+        layout.append((offset, a.shape))
+        offset += size
+    return out, layout
+
+
+def unpack(device_flat, layout: list[tuple]) -> list:
+    views = []
+    for offset, shape in layout:
+        size = int(np.prod(shape))
+        views.append(device_flat[offset:offset + size].reshape(shape))
+    return views
+
+
+@dataclass
 class Stage:
     """One step of the forward pass: what ran and what it produced (a device array)."""
     name: str              # e.g. "layers.3.q", see docs/architecture.md
@@ -123,6 +171,11 @@ class Stage:
 
     def to_host(self) -> np.ndarray:
         return self.output.copy_to_host()
+
+    @property
+    def launched(self) -> bool:
+        """False when a fused kernel of an earlier stage already produced this stage's output."""
+        return not self.kernel.startswith(f"({FUSED}")
 
 
 @dataclass
@@ -139,12 +192,24 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch):
         """Run the whole forward pass; return the logits device array [len(logits_rows), vocab]."""
-        stages = self.forward_stages(batch, synchronize=False)
-        while True:
-            try:
-                next(stages)
-            except StopIteration as done:
-                return done.value
+        return drain(self.forward_stages(batch, synchronize=False))
+
+    def device_forward(self, batch: DeviceBatch):
+        """The whole forward pass over device index arrays, launches left asynchronous; the logits."""
+        return drain(self.device_forward_stages(batch, synchronize=False))
+
+    def upload(self, batch: ForwardBatch, all_logits: bool = False) -> DeviceBatch:
+        """Copy a batch's index arrays to the device in one transfer."""
+        arrays = [batch.token_ids, batch.positions, batch.query_seq, batch.slot_mapping, batch.block_tables]
+        every_row = all_logits or np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))
+        if not every_row:
+            arrays.append(batch.logits_rows)
+        flat, layout = pack_int32(arrays)
+        views = unpack(cuda.to_device(flat), layout)
+        decode_only = batch.is_decode_only
+        tiles = None if SIMULATOR or decode_only else build_prefill_tiles(batch.query_seq, batch.positions)
+        return DeviceBatch(*views[:5], decode_only=decode_only, prefill_tiles=tiles,
+                           logits_rows=None if every_row else views[5])
 
     def forward_stages(self, batch: ForwardBatch, all_logits: bool = False,
                        synchronize: bool = True) -> Iterator[Stage]:
@@ -155,33 +220,42 @@ class ModelRunner:
         each stage waits for its kernels, so its output is ready and `seconds` is its real time; without,
         launches stay asynchronous (the engine's plain step) and `seconds` is only the launch time.
         """
+        if not all_logits and len(batch.logits_rows) == 0:  # prefill chunks that end mid-prompt sample nothing
+            logits = yield from self.device_forward_stages(self.upload(batch), synchronize, logits=False)
+            return logits
+        logits = yield from self.device_forward_stages(self.upload(batch, all_logits), synchronize)
+        return logits
+
+    def device_forward_stages(self, batch: DeviceBatch, synchronize: bool = True,
+                              logits: bool = True) -> Iterator[Stage]:
+        """forward_stages over index arrays already on the device (what a CUDA-graph capture records)."""
         c, w_all = self.config, self.weights
         T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         eps = c.rms_norm_eps
-        token_ids = cuda.to_device(batch.token_ids)
-        positions = cuda.to_device(batch.positions)
-        query_seq = cuda.to_device(batch.query_seq)
-        slot_mapping = cuda.to_device(batch.slot_mapping)
-        block_tables = cuda.to_device(batch.block_tables)
-        attend, attention_kernel = self._attention_for(batch, block_tables, query_seq, positions)
+        token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
+        attend, attention_kernel = self._attention_for(batch)
 
-        def _stage(name, kernel, launch, layer=None):
-            return _run_stage(name, kernel, launch, layer, synchronize)
+        def _stage(name, kernel, launch, layer=None, show=None):
+            return _run_stage(name, kernel, launch, layer, synchronize, show)
 
         def matmul(in_features: int, rows: int = T) -> str:  # which kernel `linear` runs, for the record
             return "matmul." + linear_kernel_name(rows, in_features)
         H, I = c.hidden_size, c.intermediate_size
 
         h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens))
-        for i, w in enumerate(w_all.layers):
+        x = None  # the next normed input, once a fused add_rmsnorm has computed it with the residual
+        layers = w_all.layers
+        for i, w in enumerate(layers):
             k_pool, v_pool = self.kv_pool.layer(i)
             name = f"layers.{i}.".__add__
-            x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
-            q = yield from _stage(name("q"), matmul(H) + " + rope.rope", lambda: rope(
-                linear(x, w.q_proj).reshape(T, nh, hd), positions, self.inv_freq), i)
-            k = yield from _stage(name("k"), matmul(H) + " + rope.rope", lambda: rope(
-                linear(x, w.k_proj).reshape(T, nkv, hd), positions, self.inv_freq), i)
-            v = yield from _stage(name("v"), matmul(H), lambda: linear(x, w.v_proj).reshape(T, nkv, hd), i)
+            if x is None:
+                x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
+            else:
+                x = yield from _stage(name("input_norm"), f"({FUSED} layers.{i - 1}.output)", lambda: x, i)
+            q, k, v = yield from _stage(name("q"), matmul(H) + " (q|k|v in one) + rope.rope_qkv", lambda: rope_qkv(
+                linear(x, w.qkv_proj), positions, self.inv_freq, nh, nkv, hd), i, show=0)
+            k = yield from _stage(name("k"), f"({FUSED} {name('q')})", lambda: k, i)
+            v = yield from _stage(name("v"), f"({FUSED} {name('q')})", lambda: v, i)
 
             def attention_stage():
                 write_kv_paged(k, v, k_pool, v_pool, slot_mapping)
@@ -189,49 +263,67 @@ class ModelRunner:
             a = yield from _stage(name("attn"), "paged_attention.write_kv_paged + " + attention_kernel,
                                   attention_stage, i)
             o = yield from _stage(name("o_proj"), matmul(nh * hd), lambda: linear(a, w.o_proj), i)
-            h = yield from _stage(name("attn_residual"), "activation.residual_add", lambda: residual_add(o, h), i)
-            x = yield from _stage(name("post_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.post_norm, eps), i)
-            m = yield from _stage(name("mlp"), f"{matmul(H)} x2 + activation.silu_mul + {matmul(I)}", lambda: linear(
-                silu_mul(linear(x, w.gate_proj), linear(x, w.up_proj)), w.down_proj), i)
-            h = yield from _stage(name("output"), "activation.residual_add", lambda: residual_add(m, h), i)
-        x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
-        if not all_logits:
-            if len(batch.logits_rows) == 0:  # a step of prefill chunks that end mid-prompt samples nothing
-                return None
-            x = take_rows(x, cuda.to_device(batch.logits_rows))
-        logits = yield from _stage("logits", matmul(H, rows=x.shape[0]), lambda: linear(x, w_all.lm_head))
-        return logits
+            h, x = yield from _stage(name("attn_residual"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
+                o, h, w.post_norm, eps), i, show=0)
+            x = yield from _stage(name("post_norm"), f"({FUSED} {name('attn_residual')})", lambda: x, i)
 
-    def _attention_for(self, batch: ForwardBatch, block_tables, query_seq, positions):
+            def mlp():
+                gate_up = linear(x, w.gate_up_proj)
+                return linear(silu_mul(gate_up[:, :I], gate_up[:, I:]), w.down_proj)
+            m = yield from _stage(name("mlp"), f"{matmul(H)} (gate|up in one) + activation.silu_mul + {matmul(I)}",
+                                  mlp, i)
+            next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else w_all.norm
+            h, x = yield from _stage(name("output"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
+                m, h, next_norm, eps), i, show=0)
+        x = yield from _stage("final_norm", f"({FUSED} layers.{len(layers) - 1}.output)", lambda: x)
+        if not logits:
+            return None
+        if batch.logits_rows is not None:
+            x = take_rows(x, batch.logits_rows)
+        out = yield from _stage("logits", matmul(H, rows=x.shape[0]), lambda: linear(x, w_all.lm_head))
+        return out
+
+    def _attention_for(self, batch: DeviceBatch):
         """Pick the attention kernel for this step: (q, k_pool, v_pool) -> out, and its name.
 
         In the simulator (where syncthreads are slow) one thread per (query, head) serves every step. On a
         GPU, decode-only steps give each (query, head) a block whose threads split the keys, and steps with
         prefill chunks use the kernel that walks key tiles through shared memory; its query tiles are built
-        once for all layers.
+        once for all layers (DeviceBatch.prefill_tiles).
         """
         scale = self.attention_scale
+        block_tables, query_seq, positions = batch.block_tables, batch.query_seq, batch.positions
         if SIMULATOR:
             def per_query(q, k_pool, v_pool):
                 return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
             return per_query, "paged_attention.paged_attention_per_query"
-        if batch.is_decode_only:
+        if batch.decode_only:
             def split_keys(q, k_pool, v_pool):
                 return paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
             return split_keys, "paged_attention.paged_attention_split_keys"
-        tiles = build_prefill_tiles(batch.query_seq, batch.positions)
+        tiles = batch.prefill_tiles
 
         def tiled(q, k_pool, v_pool):
             return paged_attention_prefill(q, k_pool, v_pool, block_tables, query_seq, positions, scale, tiles=tiles)
         return tiled, "paged_attention.paged_attention_prefill"
 
 
+def drain(stages: Iterator):
+    """Run a stage generator to the end; its return value."""
+    while True:
+        try:
+            next(stages)
+        except StopIteration as done:
+            return done.value
+
+
 def _run_stage(name: str, kernel: str, launch: Callable[[], object], layer: int | None = None,
-               synchronize: bool = True):
-    """Run one stage's launches (and wait for them), yield the Stage, hand its output back to the caller."""
+               synchronize: bool = True, show: int | None = None):
+    """Run one stage's launches (and wait for them), yield the Stage, hand its output back to the caller.
+    A launch that returns several arrays (a fused kernel) shows its `show`-th as the stage's output."""
     start = time.perf_counter()
     output = launch()
     if synchronize:
         cuda.synchronize()
-    yield Stage(name, kernel, output, layer, time.perf_counter() - start)
+    yield Stage(name, kernel, output if show is None else output[show], layer, time.perf_counter() - start)
     return output

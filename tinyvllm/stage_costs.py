@@ -26,7 +26,9 @@ class StageCost:
 def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int) -> dict[str, StageCost]:
     """Cost of each stage kind of one forward over `batch` (per layer for layer stages), by the stage
     name's last part: embedding, input_norm, q, k, v, attn, o_proj, attn_residual, post_norm, mlp, output,
-    final_norm, logits."""
+    final_norm, logits. Fused launches are counted where they run (model_runner's docstring): q is the
+    q|k|v projection, attn_residual and output each a residual add + RMSNorm; k, v, post_norm and
+    final_norm launch nothing (input_norm launches only in layer 0)."""
     c = config
     T, H, I, V = batch.num_tokens, c.hidden_size, c.intermediate_size, c.vocab_size
     q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
@@ -36,9 +38,6 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int) -> d
 
     def norm(rows: int) -> StageCost:
         return StageCost(H * BF16 + 2 * rows * H * F32, 4 * rows * H)
-
-    def add(rows: int) -> StageCost:
-        return StageCost(3 * rows * H * F32, rows * H)
 
     # attention: each sequence's context K and V (its longest query's keys), the queries, the outputs;
     # every query scores and weighs the keys up to its own position, for every query head
@@ -51,11 +50,12 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int) -> d
                           4 * visible_keys * q_width)
     mlp = linear(T, H, 2 * I)
     down = linear(T, I, H)
+    none = StageCost(0, 0)
+    add_norm = StageCost(H * BF16 + 4 * T * H * F32, 5 * T * H)  # residual add fused with the next RMSNorm
     return {
         "embedding": StageCost(T * H * (BF16 + F32), 0),
-        "input_norm": norm(T), "q": linear(T, H, q_width), "k": linear(T, H, kv_width),
-        "v": linear(T, H, kv_width), "attn": attention, "o_proj": linear(T, q_width, H),
-        "attn_residual": add(T), "post_norm": norm(T),
+        "input_norm": norm(T), "q": linear(T, H, q_width + 2 * kv_width), "k": none, "v": none,
+        "attn": attention, "o_proj": linear(T, q_width, H), "attn_residual": add_norm, "post_norm": none,
         "mlp": StageCost(mlp.bytes + down.bytes + 3 * T * I * F32, mlp.flops + down.flops + 4 * T * I),
-        "output": add(T), "final_norm": norm(T), "logits": linear(logits_rows, H, V),
+        "output": add_norm, "final_norm": none, "logits": linear(logits_rows, H, V),
     }

@@ -1,0 +1,127 @@
+"""Decode steps replayed from CUDA graphs: one graph per batch-size bucket, captured once, replayed each step.
+
+A decode step is ~10 kernel launches per layer; from Python each launch costs tens of microseconds of
+argument marshalling, more than the kernels themselves at small batch. A CUDA graph records the whole
+step once and replays it with one launch. What a graph bakes in (vLLM's and nano-vllm's recipe):
+- every address: the step reads its token ids, positions, slot mapping and block tables from static
+  device buffers (refilled by one host-to-device copy per step) and writes every intermediate into
+  buffers recorded once (common.BufferArena);
+- every launch configuration: a batch of B decodes runs in the graph of the smallest bucket >= B, the
+  extra rows padded with a dummy query (token 0 at position 0, reading block 0, writing no KV: slot -1)
+  whose logits nobody reads; block tables are padded to the model's longest context.
+Only decode-only steps use graphs; steps with prefill chunks run eagerly (their shapes vary).
+
+In the simulator there are no graphs: a "replay" runs the same recorded forward again with the same
+buffers, so the simulator tests exercise everything here except the capture itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels_numba.common import SIMULATOR, BufferArena, cuda, launching_into
+
+from .model_runner import DeviceBatch, ForwardBatch, ModelRunner, pack_int32, unpack
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def buckets_up_to(max_batch: int) -> tuple[int, ...]:
+    return tuple(b for b in BUCKETS if b < max_batch) + (max_batch,)
+
+
+class CapturedDecode:
+    """The decode step for exactly `bucket` rows, over static input buffers, recorded (and, on a GPU,
+    captured as a CUDA graph)."""
+
+    def __init__(self, runner: ModelRunner, bucket: int, max_blocks_per_seq: int):
+        self.runner, self.bucket, self.width = runner, bucket, max_blocks_per_seq
+        B, W = bucket, max_blocks_per_seq
+        dummy = self._inputs(ForwardBatch([0], [0], [0], [-1], np.zeros((1, 1), np.int32), [0]))
+        self._host, layout = pack_int32(dummy, out=cuda.pinned_array(sum(a.size for a in dummy), np.int32)
+                                        if not SIMULATOR else None)
+        self._device = cuda.to_device(self._host)
+        token_ids, positions, query_seq, slots, tables = unpack(self._device, layout)
+        self._batch = DeviceBatch(token_ids, positions, query_seq, slots, tables, decode_only=True)
+        assert tables.shape == (B, W)
+        self._arena = BufferArena()
+        with launching_into(0, self._arena):  # eager: compiles every kernel, allocates every buffer
+            self.logits = self.runner.device_forward(self._batch)
+        cuda.synchronize()
+        self._graph = None if SIMULATOR else self._capture()
+
+    def _capture(self):
+        from cuda.core import Device, Stream
+        Device().set_current()
+        self._stream = Stream.from_handle(0)  # the legacy default stream: ordered with every other launch
+        builder = Device().create_graph_builder()
+        builder.begin_building()
+        self._arena.rewind()
+        with cuda.defer_cleanup(), launching_into(builder, self._arena):
+            logits = self.runner.device_forward(self._batch)
+        graph = builder.end_building().complete()
+        assert logits is self.logits, "the captured step wrote its logits somewhere else"
+        return graph
+
+    def _inputs(self, batch: ForwardBatch) -> list[np.ndarray]:
+        """The batch's arrays padded to the bucket: rows past len(batch) are dummy queries."""
+        B, W, T = self.bucket, self.width, batch.num_tokens
+        assert T <= B and batch.block_tables.shape[1] <= W, (T, B, batch.block_tables.shape, W)
+        token_ids = np.zeros(B, np.int32)
+        positions = np.zeros(B, np.int32)
+        slots = np.full(B, -1, np.int32)
+        tables = np.full((B, W), -1, np.int32)
+        token_ids[:T], positions[:T], slots[:T] = batch.token_ids, batch.positions, batch.slot_mapping
+        tables[:T, :batch.block_tables.shape[1]] = batch.block_tables[batch.query_seq]
+        tables[T:, 0] = 0
+        return [token_ids, positions, np.arange(B, dtype=np.int32), slots, tables]
+
+    def run(self, batch: ForwardBatch):
+        """Run the step for `batch` (decode-only, logits for every row): the logits device array [T, vocab],
+        valid until the next run of this bucket."""
+        pack_int32(self._inputs(batch), out=self._host)
+        self._device.copy_to_device(self._host)
+        if self._graph is not None:
+            self._graph.launch(self._stream)
+        else:
+            self._arena.rewind()
+            with launching_into(0, self._arena):
+                logits = self.runner.device_forward(self._batch)
+            assert logits is self.logits
+        return self.logits[:batch.num_tokens]
+
+
+class DecodeGraphs:
+    """The captured decode steps of one engine, one per bucket, captured on first use."""
+
+    def __init__(self, runner: ModelRunner, max_batch: int, max_blocks_per_seq: int):
+        self.runner, self.max_blocks_per_seq = runner, max_blocks_per_seq
+        self.buckets = buckets_up_to(max_batch)
+        self._captured: dict[int, CapturedDecode] = {}
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """Decode-only, every row sampled, and a bucket fits it."""
+        T = batch.num_tokens
+        return (T <= self.buckets[-1] and batch.is_decode_only and len(batch.logits_rows) == T
+                and np.array_equal(batch.logits_rows, np.arange(T))
+                and batch.block_tables.shape[1] <= self.max_blocks_per_seq)
+
+    def bucket_for(self, num_tokens: int) -> int:
+        return next(b for b in self.buckets if b >= num_tokens)
+
+    def run(self, batch: ForwardBatch):
+        bucket = self.bucket_for(batch.num_tokens)
+        if bucket not in self._captured:
+            self._captured[bucket] = CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
+        return self._captured[bucket].run(batch)
+
+    def capture_all(self, progress=None) -> None:
+        """Capture every bucket now (a server's warm-up), largest first, as vLLM does."""
+        for done, bucket in enumerate(sorted(self.buckets, reverse=True), 1):
+            if bucket not in self._captured:
+                self._captured[bucket] = CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
+            if progress:
+                progress(done, len(self.buckets))
+
+    @property
+    def captured_buckets(self) -> list[int]:
+        return sorted(self._captured)
