@@ -9,12 +9,12 @@ Four kernels, one job each:
   simulator can run a small grid. The readable version; slow on a GPU because neighbouring threads read
   addresses K*2 bytes apart, so every load instruction of a warp touches 32 different memory segments.
 - `gemv_coalesced` (decode, same math): the threads of a block share the rows instead of owning one each.
-  A block owns COALESCED_ROWS rows; its threads split K, thread i reading the uint32 words (bf16 pairs)
-  i, i + threads, ... of each row, so a warp's 32 loads are 128 contiguous bytes: every byte a memory
+  A block owns COALESCED_ROWS rows; its threads split K, thread i reading the uint64 words (4 bf16)
+  i, i + threads, ... of each row, so a warp's 32 loads are 256 contiguous bytes: every byte a memory
   transaction fetches is used. Each thread keeps its partial sums in registers, then a shared-memory tree
   reduction adds the block's partials. Faster because it is coalesced and keeps many loads in flight (rows
-  x COALESCED_UNROLL per thread, a whole block per row pair), which is what a bandwidth-bound kernel needs.
-  Grid: one block per row pair on the GPU; blocks grid-stride over row pairs so the simulator runs two.
+  x unroll wide loads per thread), which is what a bandwidth-bound kernel needs.
+  Grid: one block per row group on the GPU; blocks grid-stride over row groups so the simulator runs two.
 - `gemm` (prefill, many tokens): classic shared-memory tiling. A TILE x TILE block owns the output tile
   out[by*TILE : +TILE, bx*TILE : +TILE]; it walks K a tile at a time, each thread loading one x value and one
   decoded weight into shared memory, so each global value is read once per tile instead of TILE times.
@@ -41,16 +41,19 @@ THREADS = 128
 TILE = 16
 TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no arithmetic inside
 
-# gemv_coalesced: each thread issues COALESCED_ROWS * COALESCED_UNROLL weight loads before using any.
+# gemv_coalesced: each thread issues rows x unroll weight loads of 4 bf16 (8 bytes) before using any.
 # A bandwidth-bound kernel needs ~latency x bandwidth bytes in flight (H200: ~0.7 us x 4.3 TB/s ~ 3 MB,
-# ~23 KB per SM). ptxas (sm_90) gives this kernel 64 registers at T=1, 72 at T=8, so an SM holds 32 (28)
-# warps: 32 warps x 8 loads x 128 B = 32 KB. Two rows per block keep N = 2048 (q, o, down in Llama-1B) at
-# 1024 blocks, one wave over 132 SMs; four rows would need 96+ registers at T=8 and halve the blocks.
-COALESCED_ROWS = 2
+# ~23 KB per SM). Chosen by scripts/sweep_gemv.py on the H200 (54 variants, docs/bench-h200.md): 64
+# threads x 4 rows x 4 loads x 8 B read the 525 MB LM head at 4.1 TB/s (cuBLAS bf16: 4.2; the previous
+# 128 x 2 rows x 4 x uint32: 2.2). ptxas (sm_90): 86 registers at T=1, 96 at T=2; at T >= 4 unroll 4
+# would spill the accumulators, so larger batches issue 2 loads per row (96 registers, no spills).
+COALESCED_ROWS = 4
 COALESCED_UNROLL = 4
-# 4 warps per block: a 7-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread of the
+COALESCED_UNROLL_MANY_TOKENS = 2  # for more than 2 tokens
+COALESCED_WORD_ELEMENTS = 4       # bf16 per load (uint64 words); 2 (uint32) when in_features is not a multiple
+# 2 warps per block: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread of the
 # block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
-COALESCED_THREADS = 4 if SIMULATOR else 128
+COALESCED_THREADS = 4 if SIMULATOR else 64
 
 # gemm_blocked: a block owns a BLOCK_TOKENS x BLOCK_FEATURES (64 x 64) output tile, a thread a THREAD_TOKENS x
 # THREAD_FEATURES (8 x 4) micro-tile of it: 16 x 8 = 128 threads, 32 float32 accumulators each. Per step
@@ -93,8 +96,7 @@ def gemv_kernel(x, w_bits, out):
 
 
 @functools.cache
-def gemv_coalesced_kernel(num_tokens: int, threads: int, rows: int = COALESCED_ROWS,
-                          unroll: int = COALESCED_UNROLL, word_elements: int = 2):
+def gemv_coalesced_kernel(num_tokens: int, threads: int, rows: int, unroll: int, word_elements: int):
     """The kernel for one (token count, block size, rows per block, loads per row in flight, bf16 per
     load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
     unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
@@ -269,7 +271,7 @@ def gemv(x, w_bits, out=None):
     return out
 
 
-def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, word_elements=2):
+def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, word_elements=None):
     """gemv with coalesced weight reads: a block of `threads` (power of two) splits each of its `rows`
     rows along K, a warp reading 32 consecutive words of `word_elements` bf16 (128 or 256 bytes) per load
     instruction. in_features must be a multiple of word_elements and w_bits C-contiguous (a word view)."""
@@ -277,11 +279,14 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     num_tokens, in_features = x.shape
     out_features = w_bits.shape[0]
     assert num_tokens <= MAX_GEMV_TOKENS, f"gemv takes at most {MAX_GEMV_TOKENS} tokens, got {num_tokens}"
+    if word_elements is None:
+        word_elements = COALESCED_WORD_ELEMENTS if in_features % COALESCED_WORD_ELEMENTS == 0 else 2
     assert in_features % word_elements == 0, (
         f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
     threads = COALESCED_THREADS if threads is None else threads
     rows = COALESCED_ROWS if rows is None else rows
-    unroll = COALESCED_UNROLL if unroll is None else unroll
+    if unroll is None:
+        unroll = COALESCED_UNROLL if num_tokens <= 2 else COALESCED_UNROLL_MANY_TOKENS
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     if num_tokens > 0 and out_features > 0:
         row_groups = cdiv(out_features, rows)

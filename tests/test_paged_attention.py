@@ -6,9 +6,10 @@ import pytest
 from kernels_numba.common import cdiv, cuda
 import kernels_numba.paged_attention as paged_attention_module
 from kernels_numba.paged_attention import (
-    QTILE, build_prefill_tiles, paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query,
-    paged_attention_prefill, paged_attention_split_keys,
-    paged_attention_ref, write_kv_paged, write_kv_paged_ref)
+    GQA_SHARED_BYTES, QTILE, _gqa_shared_bytes, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
+    paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
+    paged_attention_prefill_gqa, paged_attention_split_keys, paged_attention_ref, write_kv_paged,
+    write_kv_paged_ref)
 from tests.helpers import poisoned
 
 UNIT_ROUNDOFF = 2.0**-24
@@ -39,6 +40,8 @@ def _scenario(name: str, block_size: int) -> list[SeqSpec]:
         shared = cdiv(9, block_size)
         prefix = shared * block_size
         return [SeqSpec(23, 17), SeqSpec(prefix + 11, prefix, 0, shared), SeqSpec(prefix + 2, prefix, 0, shared)]
+    if name == "long_chunk":  # 36 new queries after 9 cached keys, and a 20-token prompt: 2 x 32-key tiles
+        return [SeqSpec(45, 9), SeqSpec(20, 0)]
     raise ValueError(name)
 
 
@@ -116,7 +119,7 @@ def _tolerance(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale):
     Each float32 score (q*scale rounded, then a head_dim dot) is off by at most
     E = gamma_{hd+1} * scale * max_j sum_d |q_d k_jd|. Shifting every score by at most E moves each normalised
     softmax weight by a factor within exp(+-2E), so the output moves by at most expm1(2E) * max|v|.
-    The float32 exps, the rescales (per key in decode, per key tile in prefill) and the two running sums (l
+    The float32 exps, the rescales (per key in decode, per key tile in both prefills) and the two running sums (l
     and the accumulator) over p+1 keys add a relative error of a few ulps per key: (2(p+1) + 10) * 4u * max|v|
     covers them with room (4u allows for a 2-ulp expf on the GPU). Scores of O(1) give ~1e-5; O(1000), ~1e-3.
     """
@@ -148,8 +151,8 @@ def _stretch(step: Step, scale, q_gain, score_offset):
 
 def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled"):
     """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores.
-    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys": that kernel
-    on the step's varlen queries, whatever the scenario."""
+    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys" / "gqa": that
+    kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever the scenario."""
     decode = scenario == "decode"
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
                  shuffle=not decode)
@@ -165,6 +168,14 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
         got = paged_attention_decode(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(context_lens), scale,
                                      out=out)
         want = paged_attention_decode_ref(step.q, k_pool, v_pool, step.block_tables, context_lens, scale)
+    elif kernel == "gqa":  # one block per (query tile, KV head); whole_prompt lets the launcher build the tiles
+        d_seq, d_pos = cuda.to_device(step.query_seq), cuda.to_device(step.query_pos)
+        tiles = (None if scenario == "whole_prompt"
+                 else build_prefill_gqa_tiles(d_seq, d_pos, head_dim, n_heads // n_kv_heads))
+        got = paged_attention_prefill_gqa(d_q, d_k_pool, d_v_pool, d_tables, d_seq, d_pos, scale, out=out,
+                                          tiles=tiles)
+        want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
+                                   scale)
     elif kernel in ("per_query", "split_keys"):  # one thread / one block per (query, head), same varlen queries
         launch = paged_attention_per_query if kernel == "per_query" else paged_attention_split_keys
         got = launch(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
@@ -213,6 +224,7 @@ def test_per_query_kernel_serves_prefill_too(rng, scenario, layout):
 
 
 STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "split_keys") for scenario in ("decode", "chunked")]
+STABILITY_CASES.append(("chunked", "gqa"))
 
 
 @pytest.mark.parametrize("scenario, kernel", STABILITY_CASES)
@@ -255,15 +267,20 @@ def test_split_keys_merges_head_dim_over_several_rounds(rng, monkeypatch):
     _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
 
 
-def test_prefill_tiles_cover_each_query_once_within_one_sequence(rng):
+@pytest.mark.parametrize("width", [None, 1, 5])  # None: the default, QTILE
+def test_prefill_tiles_cover_each_query_once_within_one_sequence(rng, width):
     query_seq = np.repeat(np.array([2, 0, 1], np.int32), [QTILE + 3, 1, 2 * QTILE])
     query_pos = np.concatenate([np.arange(5, 5 + QTILE + 3), [7], np.arange(2 * QTILE)]).astype(np.int32)
     order = rng.permutation(len(query_seq))
     query_seq, query_pos = query_seq[order], query_pos[order]
-    tiles = build_prefill_tiles(cuda.to_device(query_seq), cuda.to_device(query_pos))
+    d_seq, d_pos = cuda.to_device(query_seq), cuda.to_device(query_pos)
+    tiles = build_prefill_tiles(d_seq, d_pos) if width is None else build_prefill_tiles(d_seq, d_pos, width)
+    width = width or QTILE
     tokens, positions = tiles.tokens.copy_to_host(), tiles.positions.copy_to_host()
     seqs, key_len = tiles.seq.copy_to_host(), tiles.key_len.copy_to_host()
-    assert tiles.num_tiles == 2 + 1 + 2  # ceil(19/16) + 1 + 32/16: no tile mixes sequences
+    assert tokens.shape == positions.shape == (tiles.num_tiles, width)
+    # no tile mixes sequences: ceil(19/16) + 1 + 32/16 tiles of QTILE = 16
+    assert tiles.num_tiles == cdiv(QTILE + 3, width) + 1 + cdiv(2 * QTILE, width)
     real = tokens >= 0
     assert sorted(tokens[real]) == list(range(len(query_seq)))
     assert ((positions >= 0) == real).all()
@@ -271,6 +288,7 @@ def test_prefill_tiles_cover_each_query_once_within_one_sequence(rng):
         members = tokens[i][real[i]]
         assert (query_seq[members] == seqs[i]).all()
         assert (query_pos[members] == positions[i][real[i]]).all()
+        assert (np.diff(positions[i][real[i]]) > 0).all()  # sorted by position
         assert key_len[i] == positions[i].max() + 1
 
 
@@ -285,3 +303,60 @@ def test_rejects_head_dim_beyond_local_accumulator():
         paged_attention_prefill(q, pool, pool, table, ones, ones, 1.0)
     with pytest.raises(AssertionError):
         paged_attention_split_keys(q, pool, pool, table, ones, ones, 1.0)
+
+
+# paged_attention_prefill_gqa. In the simulator its blocks are GQA_ROWS = 8 (query, head) rows (8 // group
+# queries) on 2 x 2 threads, with GQA_KTILE = 8 keys per shared tile, so these prompts (up to 30 keys, 14 new
+# queries per sequence) cross several query tiles and key tiles, partial ones included, and chunked /
+# shared_prefix read earlier keys from the pool through shuffled block tables.
+@pytest.mark.parametrize("scenario, layout", [
+    ("whole_prompt", LAYOUTS[1]), ("whole_prompt", LAYOUTS[3]),
+    ("chunked", LAYOUTS[0]), ("chunked", LAYOUTS[2]),
+    ("shared_prefix", LAYOUTS[1]), ("decode", LAYOUTS[2])])
+def test_prefill_gqa_matches_ref(rng, scenario, layout):
+    _check(rng, scenario, *layout, kernel="gqa")
+
+
+@pytest.mark.parametrize("rows, keys, row_threads, col_threads", [(2, 16, 1, 1), (16, 4, 4, 4)])
+def test_prefill_gqa_other_tile_shapes(rng, monkeypatch, rows, keys, row_threads, col_threads):
+    # head_dim 32, group 2. One-thread blocks with one query per tile and a 16-key tile; 16-thread blocks of
+    # 8 queries whose 4-key tiles give each thread one key of the scores.
+    for name, value in [("GQA_ROWS", rows), ("GQA_KTILE", keys), ("GQA_ROW_THREADS", row_threads),
+                        ("GQA_COL_THREADS", col_threads)]:
+        monkeypatch.setattr(paged_attention_module, name, value)
+    _check(rng, "chunked", 4, 4, 2, 32, kernel="gqa")
+
+
+def test_prefill_gqa_at_the_gpu_tile_shape(rng, monkeypatch):
+    # The GPU's own sizes and index math, once (~3 s): 128-thread blocks of 16 queries x 4 heads (Llama-3.2-1B's
+    # group and head_dim), 32-key tiles; 36 + 20 new queries make full and partial query tiles, 45 keys two key
+    # tiles, the first 9 of them read from the pool.
+    for name, value in [("GQA_ROWS", 64), ("GQA_KTILE", 32), ("GQA_ROW_THREADS", 16), ("GQA_COL_THREADS", 8)]:
+        monkeypatch.setattr(paged_attention_module, name, value)
+    assert gqa_shape(64, 4) == (16, 32, 16, 8)
+    _check(rng, "long_chunk", 16, 4, 1, 64, kernel="gqa")
+
+
+def test_prefill_gqa_gpu_shapes_fit_shared_memory(monkeypatch):
+    # The GPU's sizes, checked on the host: Llama-3.2-1B gets the full 16 x 32 tile on 128 threads, and every
+    # (head_dim, group) tried fits the static shared memory with sizes that divide the work evenly.
+    for name, value in [("GQA_ROWS", 64), ("GQA_KTILE", 32), ("GQA_ROW_THREADS", 16), ("GQA_COL_THREADS", 8)]:
+        monkeypatch.setattr(paged_attention_module, name, value)
+    assert gqa_shape(64, 4) == (16, 32, 16, 8)
+    assert gqa_shape(64, 1) == (64, 32, 16, 8) and gqa_shape(64, 8) == (8, 32, 16, 8)
+    for head_dim in (32, 64, 80, 96, 128, 256):
+        for group in (1, 2, 4, 8):
+            queries, keys, row_threads, col_threads = gqa_shape(head_dim, group)
+            assert _gqa_shared_bytes(head_dim, queries * group, keys) <= GQA_SHARED_BYTES
+            assert (queries * group) % row_threads == 0 and keys % col_threads == 0 and head_dim % col_threads == 0
+            assert keys * head_dim % (row_threads * col_threads) == 0
+
+
+def test_prefill_gqa_rejects_tiles_of_another_width(rng):
+    q = cuda.to_device(rng.standard_normal((3, 2, 16)).astype(np.float32))
+    pool = cuda.to_device(rng.standard_normal((1, 4, 1, 16)).astype(np.float32))
+    table = cuda.to_device(np.zeros((1, 1), np.int32))
+    seq, pos = np.zeros(3, np.int32), np.arange(3, dtype=np.int32)
+    tiles = build_prefill_tiles(seq, pos, gqa_shape(16, 2)[0] + 1)
+    with pytest.raises(AssertionError, match="build_prefill_gqa_tiles"):
+        paged_attention_prefill_gqa(q, pool, pool, table, cuda.to_device(seq), cuda.to_device(pos), 1.0, tiles=tiles)

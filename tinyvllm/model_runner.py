@@ -26,8 +26,8 @@ from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.matmul import linear, linear_kernel_name
-from kernels_numba.paged_attention import (build_prefill_tiles, paged_attention_per_query,
-                                           paged_attention_prefill, paged_attention_split_keys, write_kv_paged)
+from kernels_numba.paged_attention import (build_prefill_gqa_tiles, paged_attention_per_query,
+                                           paged_attention_prefill_gqa, paged_attention_split_keys, write_kv_paged)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
 
@@ -207,7 +207,9 @@ class ModelRunner:
         flat, layout = pack_int32(arrays)
         views = unpack(cuda.to_device(flat), layout)
         decode_only = batch.is_decode_only
-        tiles = None if SIMULATOR or decode_only else build_prefill_tiles(batch.query_seq, batch.positions)
+        c = self.config
+        tiles = None if SIMULATOR or decode_only else build_prefill_gqa_tiles(
+            batch.query_seq, batch.positions, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
         return DeviceBatch(*views[:5], decode_only=decode_only, prefill_tiles=tiles,
                            logits_rows=None if every_row else views[5])
 
@@ -288,8 +290,9 @@ class ModelRunner:
 
         In the simulator (where syncthreads are slow) one thread per (query, head) serves every step. On a
         GPU, decode-only steps give each (query, head) a block whose threads split the keys, and steps with
-        prefill chunks use the kernel that walks key tiles through shared memory; its query tiles are built
-        once for all layers (DeviceBatch.prefill_tiles).
+        prefill chunks use the kernel where a block owns a query tile for all query heads of one KV head and
+        walks key tiles through shared memory; its query tiles are built once for all layers
+        (DeviceBatch.prefill_tiles).
         """
         scale = self.attention_scale
         block_tables, query_seq, positions = batch.block_tables, batch.query_seq, batch.positions
@@ -304,8 +307,9 @@ class ModelRunner:
         tiles = batch.prefill_tiles
 
         def tiled(q, k_pool, v_pool):
-            return paged_attention_prefill(q, k_pool, v_pool, block_tables, query_seq, positions, scale, tiles=tiles)
-        return tiled, "paged_attention.paged_attention_prefill"
+            return paged_attention_prefill_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale,
+                                               tiles=tiles)
+        return tiled, "paged_attention.paged_attention_prefill_gqa"
 
 
 def drain(stages: Iterator):
