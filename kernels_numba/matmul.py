@@ -37,6 +37,10 @@ from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_G
                      device_empty)
 
 MAX_GEMV_TOKENS = 8  # the per-thread accumulator count: registers, so a small compile-time constant
+# gemv_coalesced walks more tokens 8 at a time, its rows coming back from L2; gemm_blocked's 64x64 tiles
+# leave most of the H200's 132 SMs idle below a few hundred tokens (o_proj/down at 128 tokens: 64 blocks;
+# measured 3.9 TFLOP/s on the MLP at 128 tokens, and 51 ms for a batch-16 decode step).
+MAX_COALESCED_TOKENS = 128
 THREADS = 128
 TILE = 16
 TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no arithmetic inside
@@ -45,11 +49,13 @@ TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no
 # A bandwidth-bound kernel needs ~latency x bandwidth bytes in flight (H200: ~0.7 us x 4.3 TB/s ~ 3 MB,
 # ~23 KB per SM). Chosen by scripts/sweep_gemv.py on the H200 (54 variants, docs/bench-h200.md): 64
 # threads x 4 rows x 4 loads x 8 B read the 525 MB LM head at 4.1 TB/s (cuBLAS bf16: 4.2; the previous
-# 128 x 2 rows x 4 x uint32: 2.2). ptxas (sm_90): 86 registers at T=1, 96 at T=2; at T >= 4 unroll 4
-# would spill the accumulators, so larger batches issue 2 loads per row (96 registers, no spills).
+# 128 x 2 rows x 4 x uint32: 2.2). ptxas (sm_90): 72 registers at 1 token, 106 at 2. With 3-8 tokens per
+# pass the accumulators grow (rows x tokens), so those passes use 2 rows x 2 loads: 80 registers, where
+# 4 x 2 needs 168 (a third of the warps per SM) and 2 x 4 spills to the stack.
 COALESCED_ROWS = 4
 COALESCED_UNROLL = 4
-COALESCED_UNROLL_MANY_TOKENS = 2  # for more than 2 tokens
+COALESCED_ROWS_MANY_TOKENS = 2    # for passes of more than 2 tokens
+COALESCED_UNROLL_MANY_TOKENS = 2
 COALESCED_WORD_ELEMENTS = 4       # bf16 per load (uint64 words); 2 (uint32) when in_features is not a multiple
 # 2 warps per block: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread of the
 # block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
@@ -96,60 +102,64 @@ def gemv_kernel(x, w_bits, out):
 
 
 @functools.cache
-def gemv_coalesced_kernel(num_tokens: int, threads: int, rows: int, unroll: int, word_elements: int):
-    """The kernel for one (token count, block size, rows per block, loads per row in flight, bf16 per
+def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word_elements: int):
+    """The kernel for one (tokens per pass, block size, rows per block, loads per row in flight, bf16 per
     load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
     unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
-    4 reads uint64 words."""
+    4 reads uint64 words. More tokens than `chunk` are walked `chunk` at a time by the same block, so its
+    rows come back from L2, not HBM, for every pass after the first."""
     word_type = np.uint32 if word_elements == 2 else np.uint64
     assert word_elements in (2, 4)
 
     @jit
     def kernel(x, w_words, out):
-        partial = cuda.shared.array((rows, num_tokens, threads), np.float32)
-        acc = cuda.local.array((rows, num_tokens), np.float32)
+        partial = cuda.shared.array((rows, chunk, threads), np.float32)
+        acc = cuda.local.array((rows, chunk), np.float32)
         words = cuda.local.array((unroll, rows), word_type)
         tid = cuda.threadIdx.x
+        num_tokens = x.shape[0]
         out_features, words_per_row = w_words.shape
         step = threads * unroll
         for row0 in range(cuda.blockIdx.x * rows, out_features, cuda.gridDim.x * rows):
-            for r in range(rows):
-                for t in range(num_tokens):
-                    acc[r, t] = np.float32(0.0)
-            for first_word in range(tid, words_per_row, step):
-                # Issue every load of this step before using any. Out-of-range rows and words are clamped
-                # to valid addresses (no branch around the loads) and their values are never used.
-                for u in range(unroll):
-                    word = min(first_word + u * threads, words_per_row - 1)
-                    for r in range(rows):
-                        words[u, r] = w_words[min(row0 + r, out_features - 1), word]
-                for u in range(unroll):
-                    word = first_word + u * threads
-                    if word < words_per_row:
-                        for t in range(num_tokens):
-                            for e in range(word_elements):  # little-endian: the low half is the first element
-                                x_e = x[t, word_elements * word + e]
-                                for r in range(rows):
-                                    bits = (words[u, r] >> word_type(16 * e)) & word_type(0xFFFF)
-                                    acc[r, t] += x_e * bf16_to_f32(np.uint32(bits))
-            for r in range(rows):
-                for t in range(num_tokens):
-                    partial[r, t, tid] = acc[r, t]
-            cuda.syncthreads()
-            stride = threads // 2
-            while stride > 0:
-                if tid < stride:
-                    for r in range(rows):
-                        for t in range(num_tokens):
-                            partial[r, t, tid] += partial[r, t, tid + stride]
+            for t0 in range(0, num_tokens, chunk):
+                for r in range(rows):
+                    for t in range(chunk):
+                        acc[r, t] = np.float32(0.0)
+                for first_word in range(tid, words_per_row, step):
+                    # Issue every load of this step before using any. Out-of-range rows, words and tokens are
+                    # clamped to valid addresses (no branch around the loads); their values are never stored.
+                    for u in range(unroll):
+                        word = min(first_word + u * threads, words_per_row - 1)
+                        for r in range(rows):
+                            words[u, r] = w_words[min(row0 + r, out_features - 1), word]
+                    for u in range(unroll):
+                        word = first_word + u * threads
+                        if word < words_per_row:
+                            for t in range(chunk):
+                                token = min(t0 + t, num_tokens - 1)
+                                for e in range(word_elements):  # little-endian: the low half comes first
+                                    x_e = x[token, word_elements * word + e]
+                                    for r in range(rows):
+                                        bits = (words[u, r] >> word_type(16 * e)) & word_type(0xFFFF)
+                                        acc[r, t] += x_e * bf16_to_f32(np.uint32(bits))
+                for r in range(rows):
+                    for t in range(chunk):
+                        partial[r, t, tid] = acc[r, t]
                 cuda.syncthreads()
-                stride //= 2
-            for i in range(tid, rows * num_tokens, threads):
-                r = i // num_tokens
-                t = i - r * num_tokens
-                if row0 + r < out_features:
-                    out[t, row0 + r] = partial[r, t, 0]
-            cuda.syncthreads()  # the next row group overwrites `partial` only after these reads
+                stride = threads // 2
+                while stride > 0:
+                    if tid < stride:
+                        for r in range(rows):
+                            for t in range(chunk):
+                                partial[r, t, tid] += partial[r, t, tid + stride]
+                    cuda.syncthreads()
+                    stride //= 2
+                for i in range(tid, rows * chunk, threads):
+                    r = i // chunk
+                    t = i - r * chunk
+                    if row0 + r < out_features and t0 + t < num_tokens:
+                        out[t0 + t, row0 + r] = partial[r, t, 0]
+                cuda.syncthreads()  # the next pass overwrites `partial` only after these reads
 
     return kernel
 
@@ -274,25 +284,27 @@ def gemv(x, w_bits, out=None):
 def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, word_elements=None):
     """gemv with coalesced weight reads: a block of `threads` (power of two) splits each of its `rows`
     rows along K, a warp reading 32 consecutive words of `word_elements` bf16 (128 or 256 bytes) per load
-    instruction. in_features must be a multiple of word_elements and w_bits C-contiguous (a word view)."""
+    instruction; tokens in passes of up to MAX_GEMV_TOKENS. in_features must be a multiple of
+    word_elements and w_bits C-contiguous (a word view)."""
     out = _check_shapes(x, w_bits, out)
     num_tokens, in_features = x.shape
     out_features = w_bits.shape[0]
-    assert num_tokens <= MAX_GEMV_TOKENS, f"gemv takes at most {MAX_GEMV_TOKENS} tokens, got {num_tokens}"
     if word_elements is None:
         word_elements = COALESCED_WORD_ELEMENTS if in_features % COALESCED_WORD_ELEMENTS == 0 else 2
     assert in_features % word_elements == 0, (
         f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
     threads = COALESCED_THREADS if threads is None else threads
-    rows = COALESCED_ROWS if rows is None else rows
+    chunk = min(num_tokens, MAX_GEMV_TOKENS)
+    if rows is None:
+        rows = COALESCED_ROWS if chunk <= 2 else COALESCED_ROWS_MANY_TOKENS
     if unroll is None:
-        unroll = COALESCED_UNROLL if num_tokens <= 2 else COALESCED_UNROLL_MANY_TOKENS
+        unroll = COALESCED_UNROLL if chunk <= 2 else COALESCED_UNROLL_MANY_TOKENS
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     if num_tokens > 0 and out_features > 0:
         row_groups = cdiv(out_features, rows)
         blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
         w_words = w_bits.view(np.uint32 if word_elements == 2 else np.uint64)
-        kernel = gemv_coalesced_kernel(num_tokens, threads, rows, unroll, word_elements)
+        kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements)
         kernel[blocks, threads, launch_stream()](x, w_words, out)
     return out
 
@@ -320,16 +332,18 @@ def gemm_blocked(x, w_bits, out=None):
 def linear_kernel_name(num_tokens: int, in_features: int) -> str:
     """Which kernel `linear` runs for this shape (the debugger and the stepping API show it).
 
-    On a GPU: gemv_coalesced for decode-sized batches (gemv if in_features is odd), gemm_blocked for prefill
-    (`gemm` stays callable: the readable version of the same tiling).
+    On a GPU: gemv_coalesced up to MAX_COALESCED_TOKENS tokens (gemv if in_features is odd), gemm_blocked
+    beyond (`gemm` stays callable: the readable version of the same tiling).
     In the simulator every syncthreads costs milliseconds per block, so there the syncthreads-free gemv
     does everything: decode batches directly, prefill in chunks of MAX_GEMV_TOKENS tokens (same result up
     to float32 summation order).
     """
     if SIMULATOR:
         return "gemv"
-    if num_tokens <= MAX_GEMV_TOKENS:
-        return "gemv_coalesced" if in_features % 2 == 0 else "gemv"
+    if num_tokens <= MAX_GEMV_TOKENS and in_features % 2:
+        return "gemv"
+    if num_tokens <= MAX_COALESCED_TOKENS and in_features % 2 == 0:
+        return "gemv_coalesced"
     return "gemm_blocked"
 
 

@@ -4,8 +4,9 @@ import pytest
 from kernels_numba.bf16 import bf16_to_f32_ref, f32_to_bf16_ref
 from kernels_numba.common import cuda
 from kernels_numba import matmul
-from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_ROWS, MAX_GEMV_TOKENS, gemm,
-                                  gemm_blocked, gemv, gemv_coalesced, linear, linear_kernel_name, linear_ref)
+from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_ROWS, MAX_COALESCED_TOKENS,
+                                  MAX_GEMV_TOKENS, gemm, gemm_blocked, gemv, gemv_coalesced, linear,
+                                  linear_kernel_name, linear_ref)
 from tests.helpers import poisoned
 
 OUT_FEATURES = 45  # not a multiple of TILE (16), of a warp, nor of gemv_coalesced's rows per block
@@ -92,11 +93,19 @@ def test_gemv_coalesced_reads_a_row_slice_of_a_bigger_weight(rng):
     _assert_close_to_ref(got.copy_to_host(), x, w_bits)
 
 
-@pytest.mark.parametrize("num_tokens, in_features", [(MAX_GEMV_TOKENS + 1, 16), (2, 67)])
-def test_gemv_coalesced_rejects_too_many_tokens_and_odd_in_features(rng, num_tokens, in_features):
-    x, w_bits = _inputs(rng, num_tokens, in_features)
+def test_gemv_coalesced_rejects_odd_in_features(rng):
+    x, w_bits = _inputs(rng, 2, 67)
     with pytest.raises(AssertionError):
         gemv_coalesced(cuda.to_device(x), cuda.to_device(w_bits))
+
+
+# More tokens than one pass holds: whole passes (16) and a partial last pass (19 = 8 + 8 + 3).
+@pytest.mark.parametrize("num_tokens", [2 * MAX_GEMV_TOKENS, 2 * MAX_GEMV_TOKENS + 3])
+def test_gemv_coalesced_walks_many_tokens_in_passes(rng, num_tokens):
+    x, w_bits = _inputs(rng, num_tokens, 66)
+    out = poisoned((num_tokens, OUT_FEATURES), np.float32)
+    got = gemv_coalesced(cuda.to_device(x), cuda.to_device(w_bits), out=out)
+    _assert_close_to_ref(got.copy_to_host(), x, w_bits)
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 8, 13])
@@ -139,7 +148,10 @@ def test_linear_kernel_name_picks_gemm_blocked_for_prefill_on_a_gpu(monkeypatch)
     monkeypatch.setattr(matmul, "SIMULATOR", False)
     assert linear_kernel_name(MAX_GEMV_TOKENS, 64) == "gemv_coalesced"
     assert linear_kernel_name(MAX_GEMV_TOKENS, 63) == "gemv"
-    assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64) == "gemm_blocked"
+    assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64) == "gemv_coalesced"  # in passes of 8 tokens
+    assert linear_kernel_name(MAX_COALESCED_TOKENS, 64) == "gemv_coalesced"
+    assert linear_kernel_name(MAX_COALESCED_TOKENS + 1, 64) == "gemm_blocked"
+    assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 63) == "gemm_blocked"
     assert linear_kernel_name(512, 63) == "gemm_blocked"
 
 
@@ -152,7 +164,7 @@ def test_linear_runs_gemm_blocked_when_it_picks_it(rng, monkeypatch):
         return gemm_blocked(*args)
 
     monkeypatch.setattr(matmul, "gemm_blocked", counting_gemm_blocked)
-    x, w_bits = _inputs(rng, MAX_GEMV_TOKENS + 1, 24)
+    x, w_bits = _inputs(rng, MAX_GEMV_TOKENS + 1, 23)  # odd in_features: past 8 tokens, gemm_blocked
     out = poisoned((MAX_GEMV_TOKENS + 1, OUT_FEATURES), np.float32)
     assert linear(cuda.to_device(x), cuda.to_device(w_bits), out=out) is out
     assert launched == [1]
