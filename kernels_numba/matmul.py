@@ -37,7 +37,7 @@ from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_G
                      device_empty)
 
 MAX_GEMV_TOKENS = 8  # the per-thread accumulator count: registers, so a small compile-time constant
-# gemv_coalesced walks more tokens 8 at a time, its rows coming back from L2; gemm_blocked's 64x64 tiles
+# gemv_coalesced walks more tokens a few at a time, its rows coming back from L2; gemm_blocked's 64x64 tiles
 # leave most of the H200's 132 SMs idle below a few hundred tokens (o_proj/down at 128 tokens: 64 blocks;
 # measured 3.9 TFLOP/s on the MLP at 128 tokens, and 51 ms for a batch-16 decode step).
 MAX_COALESCED_TOKENS = 128
@@ -49,13 +49,16 @@ TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no
 # A bandwidth-bound kernel needs ~latency x bandwidth bytes in flight (H200: ~0.7 us x 4.3 TB/s ~ 3 MB,
 # ~23 KB per SM). Chosen by scripts/sweep_gemv.py on the H200 (54 variants, docs/bench-h200.md): 64
 # threads x 4 rows x 4 loads x 8 B read the 525 MB LM head at 4.1 TB/s (cuBLAS bf16: 4.2; the previous
-# 128 x 2 rows x 4 x uint32: 2.2). ptxas (sm_90): 72 registers at 1 token, 106 at 2. With 3-8 tokens per
-# pass the accumulators grow (rows x tokens), so those passes use 2 rows x 2 loads: 80 registers, where
-# 4 x 2 needs 168 (a third of the warps per SM) and 2 x 4 spills to the stack.
+# 128 x 2 rows x 4 x uint32: 2.2). ptxas (sm_90): 72 registers at 1 token, 106 at 2.
+# Past 2 tokens the kernel is bound by instructions, not bytes: each x value loaded feeds one FMA per row
+# of the block and each weight word 4 per token. Passes of 4 tokens over 8 rows (1 load in flight) give 8
+# FMAs per x load and 16 per weight word in 96 registers; 8 tokens x 2 rows (2 FMAs per x load) ran a
+# batch-64 decode step in 40 ms on the H200.
 COALESCED_ROWS = 4
 COALESCED_UNROLL = 4
-COALESCED_ROWS_MANY_TOKENS = 2    # for passes of more than 2 tokens
-COALESCED_UNROLL_MANY_TOKENS = 2
+COALESCED_PASS_TOKENS = 4          # tokens per pass once there are more than 2
+COALESCED_ROWS_MANY_TOKENS = 8
+COALESCED_UNROLL_MANY_TOKENS = 1
 COALESCED_WORD_ELEMENTS = 4       # bf16 per load (uint64 words); 2 (uint32) when in_features is not a multiple
 # 2 warps per block: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread of the
 # block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
@@ -284,7 +287,7 @@ def gemv(x, w_bits, out=None):
 def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, word_elements=None):
     """gemv with coalesced weight reads: a block of `threads` (power of two) splits each of its `rows`
     rows along K, a warp reading 32 consecutive words of `word_elements` bf16 (128 or 256 bytes) per load
-    instruction; tokens in passes of up to MAX_GEMV_TOKENS. in_features must be a multiple of
+    instruction; more than 2 tokens in passes of COALESCED_PASS_TOKENS. in_features must be a multiple of
     word_elements and w_bits C-contiguous (a word view)."""
     out = _check_shapes(x, w_bits, out)
     num_tokens, in_features = x.shape
@@ -294,7 +297,7 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     assert in_features % word_elements == 0, (
         f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
     threads = COALESCED_THREADS if threads is None else threads
-    chunk = min(num_tokens, MAX_GEMV_TOKENS)
+    chunk = num_tokens if num_tokens <= 2 else COALESCED_PASS_TOKENS
     if rows is None:
         rows = COALESCED_ROWS if chunk <= 2 else COALESCED_ROWS_MANY_TOKENS
     if unroll is None:

@@ -209,6 +209,17 @@ def test_compare_hf_dry_run_on_cpu_puts_hf_beside_tinyvllm(capsys, tmp_path):
     assert "tinyvllm/HF" in out and report["environment"]["hf"].startswith("transformers")
 
 
+def test_hf_only_runs_just_the_hf_side_and_needs_compare(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--hf-only")
+    assert code == 1 and "--hf-only needs --compare hf" in err.splitlines()[-1]
+    code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--compare", "hf", "--hf-only",
+                         "--hf-device", "cpu", "--out", str(tmp_path))
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert {r["system"] for r in report["results"]} == {"hf"} and "tinyvllm latency" not in err
+
+
 def test_random_model_dir_is_written_once_with_a_tokenizer_for_its_vocabulary(tmp_path):
     from tinyvllm.model import load_model
     from tinyvllm.random_model import LLAMA_3_2_1B_CONFIG

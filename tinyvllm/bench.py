@@ -77,6 +77,7 @@ class BenchConfig:
     serving_requests: int = 100
     request_rate: float = 4.0             # requests/s; inf: all at once
     compare: str | None = None            # "hf"
+    hf_only: bool = False                 # only the HF side (e.g. on a second GPU beside a tinyvllm run)
     hf_batch_size: int = 64
     hf_device: str = "cuda"
     copy_mib: int = 1024
@@ -101,6 +102,7 @@ class BenchConfig:
         unknown = sorted(set(self.batching) - set(BATCHING_MODES))
         check(self.batching and not unknown, f"unknown batching mode(s) {unknown}; choose from continuous, static")
         check(self.compare in (None, "hf"), f"--compare takes hf, got {self.compare!r}")
+        check(not self.hf_only or self.compare == "hf", "--hf-only needs --compare hf")
         for name in ("latency_prompt", "latency_new_tokens", "prefill_repeats", "num_requests", "min_len",
                      "serving_requests", "hf_batch_size", "copy_mib", "max_num_seqs", "max_num_batched_tokens",
                      "block_size"):
@@ -800,6 +802,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=float, default=d.max_seconds, metavar="S",
                    help="stop each run (workload x system x batching mode) after S seconds (default: %(default)s)")
     p.add_argument("--compare", choices=("hf",), help="also run HF transformers (bf16 generate) on the same GPU")
+    p.add_argument("--hf-only", action="store_true",
+                   help="run only the HF side of --compare hf (e.g. on a second GPU beside a tinyvllm run)")
     p.add_argument("--hf-batch-size", type=int, default=d.hf_batch_size, metavar="N")
     p.add_argument("--hf-device", default=d.hf_device, help="cpu: a slow dry run of the HF path (default: cuda)")
     p.add_argument("--copy-mib", type=int, default=d.copy_mib, metavar="MIB",
@@ -881,14 +885,14 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
         enable_prefix_caching=cfg.enable_prefix_caching)
     workloads = Workloads.make(cfg, c.vocab_size, max_model_len)
     engines = EngineFactory(model, engine_config, log)
-    if cfg.warmup:
+    if cfg.warmup and not cfg.hf_only:
         warm_up(engines, log)
 
     copy_bytes = SIMULATOR_COPY_BYTES if SIMULATOR else cfg.copy_mib << 20
     copy = copy_bandwidth(copy_bytes)
     log(f"copy bandwidth: {copy['gb_per_s']:.1f} GB/s ({copy['bytes'] / 2**20:.0f} MiB device to device)")
     rows: list[dict] = []
-    for name in cfg.workloads:
+    for name in cfg.workloads if not cfg.hf_only else ():
         log(f"tinyvllm {name}")
         rows += TINYVLLM_WORKLOADS[name](engines, workloads, cfg, log)
     engines.release()
