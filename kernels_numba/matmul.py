@@ -28,6 +28,7 @@ Four kernels, one job each:
 `linear` picks between them (`linear_kernel_name` says which).
 """
 import functools
+import os
 
 import numpy as np
 import ml_dtypes
@@ -40,7 +41,8 @@ MAX_GEMV_TOKENS = 8  # the per-thread accumulator count: registers, so a small c
 # gemv_coalesced walks more tokens a few at a time, its rows coming back from L2; gemm_blocked's 64x64 tiles
 # leave most of the H200's 132 SMs idle below a few hundred tokens (o_proj/down at 128 tokens: 64 blocks;
 # measured 3.9 TFLOP/s on the MLP at 128 tokens, and 51 ms for a batch-16 decode step).
-MAX_COALESCED_TOKENS = 128
+# TINYVLLM_MAX_COALESCED_TOKENS overrides it (scripts/crossover_linear.py measures where the two cross).
+MAX_COALESCED_TOKENS = int(os.environ.get("TINYVLLM_MAX_COALESCED_TOKENS", 128))
 THREADS = 128
 TILE = 16
 TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no arithmetic inside

@@ -218,6 +218,18 @@ def test_hf_only_runs_just_the_hf_side_and_needs_compare(capsys, tmp_path):
     assert code == 0, err
     report = json.loads((tmp_path / "bench.json").read_text())
     assert {r["system"] for r in report["results"]} == {"hf"} and "tinyvllm latency" not in err
+    # a tinyvllm-only run merged with it gives the same ratios one --compare hf run would
+    code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--out", str(tmp_path / "ours"))
+    assert code == 0, err
+    code, out, err = run(capsys, "--merge", str(tmp_path / "ours" / "bench.json"), str(tmp_path / "bench.json"),
+                         "--out", str(tmp_path / "merged"), "--no-plot")
+    assert code == 0, err
+    merged = json.loads((tmp_path / "merged" / "bench.json").read_text())
+    assert {r["system"] for r in merged["results"]} == {"tinyvllm", "hf"} and len(merged["merged_from"]) == 2
+    assert ("latency", "tpot_ms") in {(c["workload"], c["metric"]) for c in merged["comparisons"]}
+    assert "tinyvllm/HF" in out and merged["environment"]["hf"].startswith("transformers")
+    code, out, err = run(capsys, "--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path / "m2"))
+    assert code == 1 and "cannot read a report to merge" in err
 
 
 def test_random_model_dir_is_written_once_with_a_tokenizer_for_its_vocabulary(tmp_path):

@@ -802,6 +802,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=float, default=d.max_seconds, metavar="S",
                    help="stop each run (workload x system x batching mode) after S seconds (default: %(default)s)")
     p.add_argument("--compare", choices=("hf",), help="also run HF transformers (bf16 generate) on the same GPU")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="only merge these bench.json files (e.g. a tinyvllm run and an --hf-only run) into --out")
     p.add_argument("--hf-only", action="store_true",
                    help="run only the HF side of --compare hf (e.g. on a second GPU beside a tinyvllm run)")
     p.add_argument("--hf-batch-size", type=int, default=d.hf_batch_size, metavar="N")
@@ -862,7 +864,30 @@ def config_from_args(args) -> BenchConfig:
 
 def run(args) -> int:
     """The `tinyvllm bench` subcommand: exit status 0, or 1 when a request ended with an error."""
+    if args.merge:
+        return merge_reports([Path(p) for p in args.merge], Path(args.out), args.plot)
     return run_bench(config_from_args(args))
+
+
+def merge_reports(paths: list[Path], out_dir: Path, plot: bool = True, log=None) -> int:
+    """One report from several runs' bench.json (e.g. tinyvllm on one GPU and --hf-only on an identical
+    second GPU of the same host, run at the same time): results joined, ratios and notes recomputed."""
+    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    try:
+        reports = [json.loads(p.read_text()) for p in paths]
+    except (OSError, ValueError) as e:
+        raise TinyVLLMError(f"cannot read a report to merge: {e}") from e
+    rows = [r for report in reports for r in report["results"]]
+    merged = dict(reports[0], results=rows, comparisons=comparisons(rows),
+                  notes=list(dict.fromkeys(n for report in reports for n in report["notes"])),
+                  merged_from=[{"path": str(p), "command": r["command"], "environment": r["environment"],
+                                "copy_bandwidth": r.get("copy_bandwidth")} for p, r in zip(paths, reports)])
+    merged["environment"] = dict(reports[0]["environment"],
+                                 hf=next((r["environment"]["hf"] for r in reports if r["environment"]["hf"]), None))
+    written = write_outputs(merged, out_dir, plot, log)
+    print(format_report(merged))
+    log("wrote " + ", ".join(map(str, written)))
+    return 0
 
 
 def run_bench(cfg: BenchConfig, log=None) -> int:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Two H200s of one host, at the same time: GPU 0 runs tinyvllm (GPU tests, linear crossover, decode
+# profile, bench latency/prefill/kernels/throughput), GPU 1 runs the 1B-shaped comparison with HF and the
+# same bench workloads through HF only; then one merged report (ratios) from both bench.json files.
+#   bash scripts/h200_x2_final.sh    (logs under $OUT)
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+MODEL=/tmp/llama-1b-random
+BENCH_ARGS="--random-1b $MODEL --workload latency,prefill,throughput --prefill-repeats 1 --max-num-seqs 256"
+python3 -c "from pathlib import Path; from tinyvllm.bench import prepare_random_model; prepare_random_model(Path('$MODEL'))" \
+  > "$OUT/random_model.log" 2>&1 || { echo "random model failed"; tail "$OUT/random_model.log"; exit 1; }
+(
+  export CUDA_VISIBLE_DEVICES=1
+  timeout 120 python3 scripts/gpu_compare.py --model-dir "$MODEL" --out "$OUT" > "$OUT/gpu_compare.log" 2>&1
+  echo "gpu_compare rc=$?" > "$OUT/gpu1_status.log"
+  timeout 400 python3 -m tinyvllm.bench $BENCH_ARGS --compare hf --hf-only --max-seconds 230 \
+    --out "$OUT/bench-hf" > "$OUT/bench-hf.log" 2>&1
+  echo "hf bench rc=$?" >> "$OUT/gpu1_status.log"
+) &
+export CUDA_VISIBLE_DEVICES=0
+TINYVLLM_TEST_GPU=1 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_matmul.py tests/test_cuda_graphs.py > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -3
+timeout 60 python3 scripts/crossover_linear.py > "$OUT/crossover.log" 2>&1; echo "crossover rc=$?"; cat "$OUT/crossover.log"
+CROSS=$(grep -o "crossover=[0-9]*" "$OUT/crossover.log" | cut -d= -f2)
+if [ -n "$CROSS" ] && [ "$CROSS" -gt 0 ]; then export TINYVLLM_MAX_COALESCED_TOKENS=$CROSS; fi
+echo "TINYVLLM_MAX_COALESCED_TOKENS=${TINYVLLM_MAX_COALESCED_TOKENS:-default}"
+timeout 60 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$OUT/profile_decode.log" 2>&1
+echo "profile rc=$?"; grep -E "decode step|captured" "$OUT/profile_decode.log"
+timeout 420 python3 -m tinyvllm.bench $BENCH_ARGS --max-seconds 200 --out "$OUT/bench-tinyvllm" > "$OUT/bench-tinyvllm.log" 2>&1
+echo "tinyvllm bench rc=$?"; grep -E "output tok/s|stopped|TTFT|captured" "$OUT/bench-tinyvllm.log" | tail -12
+wait
+cat "$OUT/gpu1_status.log"; grep -E "^\| [0-9]|Result" "$OUT/gpu_compare.log" | tail -5
+grep -E "output tok/s|stopped" "$OUT/bench-hf.log" | tail -6
+python3 -m tinyvllm.bench --merge "$OUT/bench-tinyvllm/bench.json" "$OUT/bench-hf/bench.json" --out "$OUT/bench-merged" \
+  > "$OUT/bench-merged.log" 2>&1; echo "merge rc=$?"; grep -vE "^kernels" "$OUT/bench-merged.log" | tail -40
