@@ -14,20 +14,20 @@ python3 -c "from pathlib import Path; from tinyvllm.bench import prepare_random_
   export CUDA_VISIBLE_DEVICES=1
   timeout 120 python3 scripts/gpu_compare.py --model-dir "$MODEL" --out "$OUT" > "$OUT/gpu_compare.log" 2>&1
   echo "gpu_compare rc=$?" > "$OUT/gpu1_status.log"
-  timeout 400 python3 -m tinyvllm.bench $BENCH_ARGS --compare hf --hf-only --max-seconds 230 \
+  timeout 380 python3 -m tinyvllm.bench $BENCH_ARGS --compare hf --hf-only --max-seconds 200 \
     --out "$OUT/bench-hf" > "$OUT/bench-hf.log" 2>&1
   echo "hf bench rc=$?" >> "$OUT/gpu1_status.log"
 ) &
 export CUDA_VISIBLE_DEVICES=0
-TINYVLLM_TEST_GPU=1 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_matmul.py tests/test_cuda_graphs.py > "$OUT/gpu_tests.log" 2>&1
+TINYVLLM_TEST_GPU=1 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_matmul.py tests/test_cuda_graphs.py > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -3
-timeout 60 python3 scripts/crossover_linear.py > "$OUT/crossover.log" 2>&1; echo "crossover rc=$?"; cat "$OUT/crossover.log"
+timeout 40 python3 scripts/crossover_linear.py > "$OUT/crossover.log" 2>&1; echo "crossover rc=$?"; cat "$OUT/crossover.log"
 CROSS=$(grep -o "crossover=[0-9]*" "$OUT/crossover.log" | cut -d= -f2)
 if [ -n "$CROSS" ] && [ "$CROSS" -gt 0 ]; then export TINYVLLM_MAX_COALESCED_TOKENS=$CROSS; fi
 echo "TINYVLLM_MAX_COALESCED_TOKENS=${TINYVLLM_MAX_COALESCED_TOKENS:-default}"
-timeout 60 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$OUT/profile_decode.log" 2>&1
+timeout 50 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$OUT/profile_decode.log" 2>&1
 echo "profile rc=$?"; grep -E "decode step|captured" "$OUT/profile_decode.log"
-timeout 420 python3 -m tinyvllm.bench $BENCH_ARGS --max-seconds 200 --out "$OUT/bench-tinyvllm" > "$OUT/bench-tinyvllm.log" 2>&1
+timeout 380 python3 -m tinyvllm.bench $BENCH_ARGS --max-seconds 150 --out "$OUT/bench-tinyvllm" > "$OUT/bench-tinyvllm.log" 2>&1
 echo "tinyvllm bench rc=$?"; grep -E "output tok/s|stopped|TTFT|captured" "$OUT/bench-tinyvllm.log" | tail -12
 wait
 cat "$OUT/gpu1_status.log"; grep -E "^\| [0-9]|Result" "$OUT/gpu_compare.log" | tail -5

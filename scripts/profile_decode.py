@@ -1,8 +1,10 @@
 """Where a decode step's time goes on the GPU: CUDA graphs vs eager launches, per batch size, per stage.
 
     python scripts/profile_decode.py [--model-dir /tmp/llama-1b-random] [--steps 20] [--batches 1,16,64]
-For each batch size: the wall time of one decode step (128-token prompts) replayed from a CUDA graph and
-launched eagerly, then, at batch 1, one step with per-stage synchronisation (ms per stage kind).
+For each batch size (128-token prompts): the wall time of one engine step with the decode replayed from a
+CUDA graph and launched eagerly; the GPU time of the graph alone (CUDA events, no host work); and each
+stage captured as a graph of its own and replayed, so its time is the kernels' alone (no launch overhead):
+the sum of those against the whole graph shows what the gaps between kernels cost.
 """
 import argparse
 import sys
@@ -46,6 +48,10 @@ def main():
             cuda.synchronize()
             ms = (time.perf_counter() - start) / args.steps * 1e3
             print(f"decode step, batch {batch:3d}, {mode:5s}: {ms:7.2f} ms  ({batch / ms * 1e3:8.1f} tok/s)", flush=True)
+        try:
+            gpu_stage_profile(engine, graphs, batch, args.steps)
+        except Exception as e:  # a profiling aid: report and go on with the rest
+            print(f"  stage profile failed: {type(e).__name__}: {e}")
         if batch == batches[0]:
             per_stage = {}
             for stage in engine.step_stages(synchronize=True):
@@ -59,6 +65,54 @@ def main():
         engine.step()
     engine.decode_graphs = graphs
     print(f"captured buckets: {graphs.captured_buckets}")
+
+
+def gpu_stage_profile(engine, graphs, batch_size: int, repeats: int) -> None:
+    """The decode graph of this batch's bucket timed alone, then each stage captured and timed alone."""
+    from cuda.core import Device, Stream
+    from kernels_numba.common import cuda, launching_into
+    bucket = graphs.bucket_for(batch_size)
+    captured = graphs._captured[bucket]
+    stream = Stream.from_handle(0)
+
+    def time_graph(graph) -> float:
+        graph.launch(stream)
+        cuda.synchronize()
+        start, stop = cuda.event(), cuda.event()
+        start.record()
+        for _ in range(repeats):
+            graph.launch(stream)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / repeats
+
+    whole = time_graph(captured._graph)
+    captured._arena.rewind()
+    stages = engine.runner.device_forward_stages(captured._batch, synchronize=False)
+    per_kind, done = {}, False
+    while not done:
+        builder = Device().create_graph_builder()
+        builder.begin_building()
+        with cuda.defer_cleanup(), launching_into(builder, captured._arena):
+            try:
+                stage = next(stages)
+            except StopIteration:
+                done = True
+        if done or not stage.launched:  # nothing was launched: no graph to time
+            try:
+                builder.end_building()
+            except Exception:
+                pass
+            continue
+        graph = builder.end_building().complete()
+        kind = stage.name.split(".")[-1]
+        ms, n, kernel = per_kind.get(kind, (0.0, 0, stage.kernel))
+        per_kind[kind] = (ms + time_graph(graph), n + 1, kernel)
+    total = sum(ms for ms, _, _ in per_kind.values())
+    print(f"  GPU time, bucket {bucket}: whole decode graph {whole:.3f} ms; its stages one graph each, summed: "
+          f"{total:.3f} ms")
+    for kind, (ms, n, kernel) in per_kind.items():
+        print(f"    {kind:<14} {ms:8.3f} ms ({n}x)  {kernel}")
 
 
 if __name__ == "__main__":
