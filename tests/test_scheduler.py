@@ -182,6 +182,21 @@ def test_static_batching_admits_only_when_nothing_runs():
     assert any(s.seq is c for s in outputs[1].scheduled)  # continuous: c takes a's seat at once
 
 
+def test_a_static_batch_fills_to_max_num_seqs_over_several_budget_limited_steps():
+    # a budget of 8 tokens holds one and a bit 6-token prompts per step: the batch of 3 forms over two
+    # steps (its first member already decoding), then closes; the 4th prompt waits until all 3 finish
+    sched = make_scheduler(num_blocks=64, max_num_seqs=3, max_num_batched_tokens=8, batching="static")
+    seqs = [Sequence(i, [i + 1] * 6, 4) for i in range(4)]
+    outputs = run_engine(sched, seqs)
+    first_step = {seq.seq_id: next(i for i, o in enumerate(outputs) if any(s.seq is seq for s in o.scheduled))
+                  for seq in seqs}
+    last_step = {seq.seq_id: max(i for i, o in enumerate(outputs) if any(s.seq is seq for s in o.scheduled))
+                 for seq in seqs}
+    assert sorted(first_step[i] for i in range(3)) == [0, 0, 1] and first_step[2] < last_step[0]
+    assert first_step[3] > max(last_step[i] for i in range(3))
+    assert all(seq.num_output_tokens == 4 for seq in seqs)
+
+
 def test_without_chunked_prefill_a_prompt_waits_for_budget():
     sched = make_scheduler(num_blocks=32, max_num_batched_tokens=8, chunked_prefill=False)
     a, b = Sequence(0, [1, 2, 3, 4, 5], 3), Sequence(1, [6, 7, 8, 9], 3)

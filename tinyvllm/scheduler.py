@@ -19,7 +19,8 @@ class SchedulerConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512   # token budget per step
     chunked_prefill: bool = True
-    batching: str = "continuous"        # "continuous" | "static" (a batch runs to completion first)
+    batching: str = "continuous"        # "continuous" | "static" (a batch of up to max_num_seqs runs to
+    #                                     completion before the next is admitted)
 
     def __post_init__(self):
         assert self.max_num_seqs > 0 and self.max_num_batched_tokens > 0
@@ -69,6 +70,10 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # static batching: a batch takes in sequences (over as many steps as the token budget needs for
+        # their prompts) until it holds max_num_seqs, the queue is empty or KV blocks run out; then it is
+        # closed and runs to completion before the next one forms
+        self._static_batch_open = True
 
     @property
     def num_waiting(self) -> int:
@@ -119,13 +124,18 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        may_admit = not preempted and not (self.config.batching == "static" and batch_in_flight)
+        static = self.config.batching == "static"
+        if static and not batch_in_flight:
+            self._static_batch_open = True
+        may_admit = not preempted and (not static or self._static_batch_open)
         while may_admit and self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             self.block_manager.lookup_prefix(seq)
             num_new = self._admission_tokens(seq, budget, batch_empty=not scheduled)
             if num_new == 0 or not self.block_manager.allocate(seq, num_new):
                 self._undo_lookup(seq)
+                if num_new > 0:  # out of KV blocks, not of this step's budget
+                    self._static_batch_open = False
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
@@ -133,6 +143,8 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, num_new))
             budget = max(0, budget - num_new)
 
+        if static and (preempted or not self.waiting or len(self.running) >= self.config.max_num_seqs):
+            self._static_batch_open = False
         return SchedulerOutput(scheduled, preempted, sum(s.num_new_tokens for s in scheduled))
 
     def _admission_tokens(self, seq: Sequence, budget: int, batch_empty: bool) -> int:
