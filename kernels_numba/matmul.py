@@ -3,11 +3,12 @@
     out[t, n] = sum_k x[t, k] * bf16_to_f32(w_bits[n, k])       x f32 [T, K], w_bits u16 [N, K], out f32 [T, N]
 
 Four kernels, one job each:
-- `gemv` (decode, T <= MAX_GEMV_TOKENS): one thread per output feature n walks row n of W once and keeps T
-  accumulators in registers, so every weight is read once for the whole batch. No shared memory, no
-  syncthreads. Grid: grid_stride_launch(N, THREADS): one thread per n on the GPU, grid-stride over n so the
-  simulator can run a small grid. The readable version; slow on a GPU because neighbouring threads read
-  addresses K*2 bytes apart, so every load instruction of a warp touches 32 different memory segments.
+- `gemv` (decode, T <= MAX_GEMV_TOKENS): one thread per GEMV_ROWS output features walks those rows of W
+  once and keeps rows x T accumulators in registers, so every weight is read once for the whole batch and
+  each x value read feeds GEMV_ROWS multiply-adds. No shared memory, no syncthreads. Grid:
+  grid_stride_launch over row groups: one thread per group on the GPU, grid-stride so the simulator can run
+  a small grid. The readable version; slow on a GPU because neighbouring threads read addresses
+  GEMV_ROWS*K*2 bytes apart, so every load instruction of a warp touches 32 different memory segments.
 - `gemv_coalesced` (decode, same math): the threads of a block share the rows instead of owning one each.
   A block owns COALESCED_ROWS rows; its threads split K, thread i reading the uint64 words (4 bf16)
   i, i + threads, ... of each row, so a warp's 32 loads are 256 contiguous bytes: every byte a memory
@@ -37,7 +38,10 @@ from .bf16 import bf16_to_f32
 from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, launch_stream,
                      device_empty)
 
-MAX_GEMV_TOKENS = 8  # the per-thread accumulator count: registers, so a small compile-time constant
+# gemv keeps T x GEMV_ROWS accumulators per thread: registers on a GPU, so a small compile-time constant;
+# the simulator has no registers to spare, and every extra pass over W re-decodes each weight in Python.
+MAX_GEMV_TOKENS = 32 if SIMULATOR else 8
+GEMV_ROWS = 4        # rows one gemv thread owns: each x value it reads feeds GEMV_ROWS multiply-adds
 # gemv_coalesced walks more tokens a few at a time, its rows coming back from L2; gemm_blocked's 64x64 tiles
 # leave most of the H200's 132 SMs idle below a few hundred tokens (o_proj/down at 128 tokens: 64 blocks;
 # measured 3.9 TFLOP/s on the MLP at 128 tokens, and 51 ms for a batch-16 decode step).
@@ -94,16 +98,24 @@ assert BLOCK_TOKENS % LOAD_ROW_STEP == 0 and BLOCK_FEATURES % LOAD_ROW_STEP == 0
 @jit
 def gemv_kernel(x, w_bits, out):
     num_tokens, in_features = x.shape
-    acc = cuda.local.array(MAX_GEMV_TOKENS, np.float32)
-    for n in range(cuda.grid(1), w_bits.shape[0], cuda.gridsize(1)):
-        for t in range(num_tokens):
-            acc[t] = np.float32(0.0)
-        for k in range(in_features):
-            w = bf16_to_f32(w_bits[n, k])
+    out_features = w_bits.shape[0]
+    acc = cuda.local.array((GEMV_ROWS, MAX_GEMV_TOKENS), np.float32)
+    x_k = cuda.local.array(MAX_GEMV_TOKENS, np.float32)
+    for n0 in range(cuda.grid(1) * GEMV_ROWS, out_features, cuda.gridsize(1) * GEMV_ROWS):
+        rows = min(GEMV_ROWS, out_features - n0)
+        for r in range(rows):
             for t in range(num_tokens):
-                acc[t] += x[t, k] * w
-        for t in range(num_tokens):
-            out[t, n] = acc[t]
+                acc[r, t] = np.float32(0.0)
+        for k in range(in_features):
+            for t in range(num_tokens):  # x[:, k] once, for all of this thread's rows
+                x_k[t] = x[t, k]
+            for r in range(rows):
+                w = bf16_to_f32(w_bits[n0 + r, k])
+                for t in range(num_tokens):
+                    acc[r, t] += x_k[t] * w
+        for r in range(rows):
+            for t in range(num_tokens):
+                out[t, n0 + r] = acc[r, t]
 
 
 @functools.cache
@@ -277,11 +289,12 @@ def _check_shapes(x, w_bits, out):
 
 
 def gemv(x, w_bits, out=None):
-    """y = x @ W.T for T <= MAX_GEMV_TOKENS tokens: one thread per output feature, each weight read once."""
+    """y = x @ W.T for T <= MAX_GEMV_TOKENS tokens: one thread per GEMV_ROWS output features, each weight
+    read once."""
     out = _check_shapes(x, w_bits, out)
     assert x.shape[0] <= MAX_GEMV_TOKENS, f"gemv takes at most {MAX_GEMV_TOKENS} tokens, got {x.shape[0]}"
     if x.shape[0] > 0:
-        blocks, threads = grid_stride_launch(w_bits.shape[0], THREADS)
+        blocks, threads = grid_stride_launch(cdiv(w_bits.shape[0], GEMV_ROWS), THREADS)
         gemv_kernel[blocks, threads, launch_stream()](x, w_bits, out)
     return out
 

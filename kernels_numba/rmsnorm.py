@@ -21,7 +21,7 @@ MAX_THREADS = 1024
 # A simulated syncthreads waits for every thread of the block to be scheduled (~2.5 ms per thread per
 # barrier) and each simulated block costs ~5 ms to set up, so the simulator gets tiny blocks (4 threads
 # still run the tree reduction) and few of them.
-DEFAULT_THREADS = 4 if SIMULATOR else 128
+DEFAULT_THREADS = 1 if SIMULATOR else 128
 SIMULATOR_BLOCKS = 2
 
 

@@ -218,6 +218,7 @@ def test_hf_only_runs_just_the_hf_side_and_needs_compare(capsys, tmp_path):
     assert code == 0, err
     report = json.loads((tmp_path / "bench.json").read_text())
     assert {r["system"] for r in report["results"]} == {"hf"} and "tinyvllm latency" not in err
+    assert any(line.startswith("latency") and "TPOT" in line for line in out.splitlines())  # HF's rows shown
     # a tinyvllm-only run merged with it gives the same ratios one --compare hf run would
     code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--out", str(tmp_path / "ours"))
     assert code == 0, err

@@ -4,9 +4,9 @@ import pytest
 from kernels_numba.bf16 import bf16_to_f32_ref, f32_to_bf16_ref
 from kernels_numba.common import cuda
 from kernels_numba import matmul
-from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_ROWS, MAX_COALESCED_TOKENS,
-                                  MAX_GEMV_TOKENS, gemm, gemm_blocked, gemv, gemv_coalesced, linear,
-                                  linear_kernel_name, linear_ref)
+from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_PASS_TOKENS, COALESCED_ROWS,
+                                  GEMV_ROWS, MAX_COALESCED_TOKENS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemv,
+                                  gemv_coalesced, linear, linear_kernel_name, linear_ref)
 from tests.helpers import poisoned
 
 OUT_FEATURES = 45  # not a multiple of TILE (16), of a warp, nor of gemv_coalesced's rows per block
@@ -51,7 +51,7 @@ def test_gemv_rejects_too_many_tokens(rng):
         gemv(cuda.to_device(x), cuda.to_device(w_bits))
 
 
-assert OUT_FEATURES % COALESCED_ROWS != 0
+assert OUT_FEATURES % COALESCED_ROWS != 0 and OUT_FEATURES % GEMV_ROWS != 0  # partial row groups
 
 
 # In the simulator a block is 4 threads stepping 16 words (32 elements) of K at a time: 64 is whole steps,
@@ -99,8 +99,8 @@ def test_gemv_coalesced_rejects_odd_in_features(rng):
         gemv_coalesced(cuda.to_device(x), cuda.to_device(w_bits))
 
 
-# More tokens than one pass holds: whole passes (16) and a partial last pass (19 = 8 + 8 + 3).
-@pytest.mark.parametrize("num_tokens", [2 * MAX_GEMV_TOKENS, 2 * MAX_GEMV_TOKENS + 3])
+# More tokens than one pass holds: whole passes (8 = 4 + 4) and a partial last pass (11 = 4 + 4 + 3).
+@pytest.mark.parametrize("num_tokens", [2 * COALESCED_PASS_TOKENS, 2 * COALESCED_PASS_TOKENS + 3])
 def test_gemv_coalesced_walks_many_tokens_in_passes(rng, num_tokens):
     x, w_bits = _inputs(rng, num_tokens, 66)
     out = poisoned((num_tokens, OUT_FEATURES), np.float32)
@@ -171,7 +171,7 @@ def test_linear_runs_gemm_blocked_when_it_picks_it(rng, monkeypatch):
     _assert_close_to_ref(out.copy_to_host(), x, w_bits)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 8, 13, 17])  # 13 and 17 need chunks in the simulator
+@pytest.mark.parametrize("num_tokens", [1, 8, 13, MAX_GEMV_TOKENS + 5])  # the last one: gemv in two chunks
 def test_linear_matches_ref_and_fills_given_out(rng, num_tokens):
     x, w_bits = _inputs(rng, num_tokens, 67)
     out = poisoned((num_tokens, OUT_FEATURES), np.float32)

@@ -705,10 +705,15 @@ def format_report(report: dict) -> str:
     header += f"{'HF':>12}{'tinyvllm/HF':>13}" if hf_on else ""
     lines += [header, "-" * len(header)]
     cell = lambda v: f"{'-':>12}" if v is None else f"{v:>12.4g}" if isinstance(v, float) else f"{v:>12}"
+    hf_only = not any(r["system"] == "tinyvllm" for r in rows)  # an --hf-only run: its rows in the HF column
     for r in rows:
-        if r["system"] != "tinyvllm":
+        if r["system"] != "tinyvllm" and not hf_only:
             continue
         variant = r["variant"] + (" *" if r.get("stopped_early") else "")
+        if hf_only:
+            lines += [f"{r['workload']:<11}{variant:<22}{label:<24}{cell(None)}{cell(r.get(key))}{'-':>13}"
+                      for label, key in HEADLINES[r["workload"]]]
+            continue
         for label, key in HEADLINES[r["workload"]]:
             line = f"{r['workload']:<11}{variant:<22}{label:<24}{cell(r.get(key))}"
             if hf_on:
