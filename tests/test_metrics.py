@@ -63,6 +63,18 @@ def test_per_request_metrics_follow_the_definitions():
             want["queue_time"], want["ttft"], want["itls"], want["tpot"], want["e2e"])
 
 
+def test_metrics_as_of_an_earlier_moment_see_only_what_had_happened():
+    collector = feed(MetricsCollector(), SCENARIO)
+    for rid, (arrival, scheduled, tokens, finished, reason, prompt) in SCENARIO.items():
+        for n in range(len(tokens) + 1):
+            m = collector.request_metrics(rid, as_of=(n, False))  # a streamed output after n tokens
+            assert m.output_tokens == n and m.finish_reason is None and m.e2e is None and m.tpot is None
+            assert m.ttft == (tokens[0] - arrival if n else None)
+            assert m.itls == [tokens[i + 1] - tokens[i] for i in range(n - 1)]
+        if finished is not None:  # the final output: the same as asking now
+            assert collector.request_metrics(rid, as_of=(len(tokens), True)) == collector.request_metrics(rid)
+
+
 def test_summary_percentiles_match_numpy_linear():
     s = feed(MetricsCollector(), SCENARIO).summary()
     per_request = [expected(*v[:4]) for v in SCENARIO.values()]

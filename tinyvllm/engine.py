@@ -11,6 +11,7 @@ every stage of the forward pass: the debugger and the golden checker drive it.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -73,9 +74,17 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None      # "stop" | "length" | "error" | "abort"
     error: str | None = None
-    metrics: RequestMetrics | None = None
     _text: str | None = field(default=None, repr=False)
     _detokenize: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
+    _metrics: Callable[[], RequestMetrics] | RequestMetrics | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def metrics(self) -> RequestMetrics | None:
+        """Timings as of this output's step; computed when first asked for (a step of a large batch would
+        otherwise rebuild every request's inter-token latencies, O(output length) each)."""
+        if callable(self._metrics):
+            self._metrics = self._metrics()
+        return self._metrics
 
     @property
     def text(self) -> str:
@@ -331,5 +340,6 @@ class LLMEngine:
             request.request_id, request.prompt, request.prompt_token_ids, list(token_ids),
             new_token_ids=list(new), finished=request.finish_reason is not None,
             finish_reason=request.finish_reason, error=request.error,
-            metrics=self.metrics.request_metrics(request.request_id),
-            _text=request.text, _detokenize=self.tokenizer.decode)
+            _text=request.text, _detokenize=self.tokenizer.decode,
+            _metrics=functools.partial(self.metrics.request_metrics, request.request_id,
+                                       (len(token_ids), request.finish_reason is not None)))

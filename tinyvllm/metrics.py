@@ -165,16 +165,22 @@ class MetricsCollector:
                                       prefix_hit_rate))
         self._saw(t)
 
-    def request_metrics(self, request_id) -> RequestMetrics:
+    def request_metrics(self, request_id, as_of: tuple[int, bool] | None = None) -> RequestMetrics:
+        """A request's metrics now, or `as_of` (output tokens, finished) an earlier moment: its first that
+        many tokens, and its end only if it had finished (what a streamed output reports about its step)."""
         r = self._requests[request_id]
-        m = RequestMetrics(request_id, r.arrival, r.prompt_tokens, len(r.token_times), r.finish_reason)
+        token_times, finished = r.token_times, r.finished
+        if as_of is not None:
+            token_times, finished = token_times[:as_of[0]], finished if as_of[1] else None
+        m = RequestMetrics(request_id, r.arrival, r.prompt_tokens, len(token_times),
+                           r.finish_reason if finished is not None else None)
         if r.first_scheduled is not None:
             m.queue_time = r.first_scheduled - r.arrival
-        if r.token_times:
-            m.ttft = r.token_times[0] - r.arrival
-            m.itls = [b - a for a, b in zip(r.token_times, r.token_times[1:])]
-        if r.finished is not None:
-            m.e2e = r.finished - r.arrival
+        if token_times:
+            m.ttft = token_times[0] - r.arrival
+            m.itls = [b - a for a, b in zip(token_times, token_times[1:])]
+        if finished is not None:
+            m.e2e = finished - r.arrival
             if m.output_tokens >= 2:
                 m.tpot = (m.e2e - m.ttft) / (m.output_tokens - 1)
         return m
