@@ -16,6 +16,8 @@ buffers, so the simulator tests exercise everything here except the capture itse
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from kernels_numba.common import SIMULATOR, BufferArena, cuda, launching_into
@@ -93,10 +95,11 @@ class CapturedDecode:
 class DecodeGraphs:
     """The captured decode steps of one engine, one per bucket, captured on first use."""
 
-    def __init__(self, runner: ModelRunner, max_batch: int, max_blocks_per_seq: int):
+    def __init__(self, runner: ModelRunner, max_batch: int, max_blocks_per_seq: int, log=None):
         self.runner, self.max_blocks_per_seq = runner, max_blocks_per_seq
         self.buckets = buckets_up_to(max_batch)
         self._captured: dict[int, CapturedDecode] = {}
+        self._log = log or (lambda message: None)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """Decode-only, every row sampled, and a bucket fits it."""
@@ -109,18 +112,23 @@ class DecodeGraphs:
         return next(b for b in self.buckets if b >= num_tokens)
 
     def run(self, batch: ForwardBatch):
-        bucket = self.bucket_for(batch.num_tokens)
-        if bucket not in self._captured:
-            self._captured[bucket] = CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
-        return self._captured[bucket].run(batch)
+        return self._capture(self.bucket_for(batch.num_tokens)).run(batch)
 
     def capture_all(self, progress=None) -> None:
-        """Capture every bucket now (a server's warm-up), largest first, as vLLM does."""
+        """Capture every bucket now (a server's warm-up), largest first, as vLLM does; `progress` reports."""
         for done, bucket in enumerate(sorted(self.buckets, reverse=True), 1):
-            if bucket not in self._captured:
-                self._captured[bucket] = CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
+            self._capture(bucket, quiet=True)
             if progress:
                 progress(done, len(self.buckets))
+
+    def _capture(self, bucket: int, quiet: bool = False) -> CapturedDecode:
+        if bucket not in self._captured:
+            start = time.perf_counter()
+            self._captured[bucket] = CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
+            kind = "recorded" if SIMULATOR else "captured a CUDA graph"
+            if not quiet:
+                self._log(f"decode step for batch size {bucket}: {kind} in {time.perf_counter() - start:.2f} s")
+        return self._captured[bucket]
 
     @property
     def captured_buckets(self) -> list[int]:

@@ -126,7 +126,8 @@ class LLMEngine:
                                                    config.chunked_prefill, config.batching), self.block_manager)
         use_graphs = (not SIMULATOR) if config.cuda_graphs is None else config.cuda_graphs
         max_blocks_per_seq = cdiv(self.max_model_len, config.block_size)
-        self.decode_graphs = DecodeGraphs(self.runner, config.max_num_seqs, max_blocks_per_seq) if use_graphs else None
+        self.decode_graphs = (DecodeGraphs(self.runner, config.max_num_seqs, max_blocks_per_seq, log=log)
+                              if use_graphs else None)
         self.metrics = MetricsCollector()
         self.tokenizer = self.model.tokenizer
         # generation_config.json's eos_token_id, when present, overrides config.json's (as in transformers)
