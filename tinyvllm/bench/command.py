@@ -1,0 +1,92 @@
+"""`tinyvllm bench`: one run of the selected workloads (and HF beside them), or a merge of two runs."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from .config import BenchConfig, SIMULATOR_COPY_BYTES, command_line, config_from_args
+from .workloads import Workloads
+from .engine_runs import EngineFactory, TINYVLLM_WORKLOADS, warm_up
+from .hf_baseline import HFBaseline, HF_WORKLOADS, check_hf_available
+from .report import (add_roofline, comparisons, copy_bandwidth, environment, format_report, merge_reports,
+                     report_notes, weight_bytes, write_outputs)
+from .random_1b import prepare_random_model
+
+
+def run(args) -> int:
+    """The `tinyvllm bench` subcommand: exit status 0, or 1 when a request ended with an error."""
+    if args.merge:
+        return merge_reports([Path(p) for p in args.merge], Path(args.out), args.plot)
+    return run_bench(config_from_args(args))
+
+
+def run_bench(cfg: BenchConfig, log=None) -> int:
+    t0 = time.perf_counter()
+    log = log or (lambda message: print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr,
+                                        flush=True))
+    if cfg.compare == "hf":
+        check_hf_available(cfg.hf_device)
+    from kernels_numba.common import SIMULATOR
+    from ..engine import EngineConfig
+    from ..model import default_model_dir, load_model
+    model_dir = Path(cfg.model) if cfg.model else (prepare_random_model(Path(cfg.random_1b), log=log)
+                                                   if cfg.random_1b else default_model_dir())
+    model = load_model(model_dir, log=log)
+    c = model.config
+    max_model_len = min(cfg.max_model_len or cfg.needed_model_len(), c.max_position_embeddings)
+    engine_config = EngineConfig(
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
+        num_blocks=cfg.num_blocks, gpu_memory_fraction=cfg.gpu_memory_fraction, max_model_len=max_model_len,
+        enable_prefix_caching=cfg.enable_prefix_caching)
+    workloads = Workloads.make(cfg, c.vocab_size, max_model_len)
+    engines = EngineFactory(model, engine_config, log)
+    if cfg.warmup and not cfg.hf_only:
+        warm_up(engines, log)
+
+    copy_bytes = SIMULATOR_COPY_BYTES if SIMULATOR else cfg.copy_mib << 20
+    copy = copy_bandwidth(copy_bytes)
+    log(f"copy bandwidth: {copy['gb_per_s']:.1f} GB/s ({copy['bytes'] / 2**20:.0f} MiB device to device)")
+    rows: list[dict] = []
+    for name in cfg.workloads if not cfg.hf_only else ():
+        log(f"tinyvllm {name}")
+        rows += TINYVLLM_WORKLOADS[name](engines, workloads, cfg, log)
+    engines.release()
+    hf_version = None
+    if cfg.compare == "hf":
+        hf = HFBaseline(model_dir, cfg.hf_device, log)
+        hf_version = hf.version
+        if cfg.warmup:
+            hf.warm_up(log)
+        for name in cfg.workloads:
+            if name in HF_WORKLOADS:
+                log(f"HF {name}")
+                rows += HF_WORKLOADS[name](hf, workloads, cfg, log)
+        del hf
+    wbytes = weight_bytes(c)
+    add_roofline(rows, wbytes, copy)
+    report = {
+        "format": "tinyvllm-bench/1",
+        "command": command_line(cfg),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "environment": environment(hf_version),
+        "model": {"dir": str(model_dir), "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+                  "vocab_size": c.vocab_size, "weight_bytes": wbytes},
+        "config": dataclasses.asdict(cfg),
+        "engine_config": dataclasses.asdict(engines.config),
+        "copy_bandwidth": copy,
+        "results": rows,
+        "comparisons": comparisons(rows),
+        "notes": report_notes(rows, cfg),
+        "wall_seconds": time.perf_counter() - t0,
+    }
+    written = write_outputs(report, Path(cfg.out), cfg.plot, log)
+    print(format_report(report))
+    log("wrote " + ", ".join(map(str, written)))
+    return 1 if any(r.get("num_errored") for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..cli import main as cli_main
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
