@@ -2,10 +2,12 @@
 
     python scripts/crossover_linear.py [--tokens 16,32,64,128,256,512]
 Times both kernels on one Llama-3.2-1B layer's projections (q|k|v, o, gate|up, down) with CUDA events
-and prints ms per layer for each token count; the last line is `crossover=T`: the largest token count
+and prints ms per layer for each token count, and each projection's ms and TFLOP/s (so a kernel that
+leaves SMs idle on the narrow projections shows); the last line is `crossover=T`: the largest token count
 at which gemv_coalesced is still faster (the value for TINYVLLM_MAX_COALESCED_TOKENS).
 """
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -27,29 +29,38 @@ def main():
     weights = {name: cuda.to_device(rng.integers(0x3C00, 0x3F00, shape).astype(np.uint16))
                for name, shape in LAYER.items()}
     crossover = 0
-    print(f"{'tokens':>6} {'gemv_coalesced ms':>18} {'gemm_blocked ms':>16}  (one layer's projections)")
+    print(f"{'tokens':>6} {'gemv_coalesced ms':>18} {'gemm_blocked ms':>16}  (one layer's projections; per "
+          f"projection: ms and TFLOP/s, gemv / gemm)")
     for tokens in [int(t) for t in args.tokens.split(",")]:
         times = {}
         for kernel in (gemv_coalesced, gemm_blocked):
             xs = {n: cuda.to_device(rng.standard_normal((tokens, k)).astype(np.float32)) for n, (_, k) in LAYER.items()}
             outs = {n: cuda.device_array((tokens, n_out), np.float32) for n, (n_out, _) in LAYER.items()}
-
-            def layer():
-                for n in LAYER:
-                    kernel(xs[n], weights[n], outs[n])
-            layer()
-            cuda.synchronize()
-            start, stop = cuda.event(), cuda.event()
-            start.record()
-            for _ in range(args.repeats):
-                layer()
-            stop.record()
-            stop.synchronize()
-            times[kernel.__name__] = start.elapsed_time(stop) / args.repeats
-        print(f"{tokens:>6} {times['gemv_coalesced']:>18.3f} {times['gemm_blocked']:>16.3f}", flush=True)
-        if times["gemv_coalesced"] < times["gemm_blocked"]:
+            for n in LAYER:
+                times[kernel.__name__, n] = time_ms(lambda: kernel(xs[n], weights[n], outs[n]), args.repeats)
+        total = {k.__name__: sum(times[k.__name__, n] for n in LAYER) for k in (gemv_coalesced, gemm_blocked)}
+        detail = "  ".join(
+            f"{n} {times['gemv_coalesced', n]:.3f}/{times['gemm_blocked', n]:.3f} ms "
+            f"{2 * tokens * math.prod(LAYER[n]) / times['gemv_coalesced', n] / 1e9:.1f}/"
+            f"{2 * tokens * math.prod(LAYER[n]) / times['gemm_blocked', n] / 1e9:.1f} TF/s" for n in LAYER)
+        print(f"{tokens:>6} {total['gemv_coalesced']:>18.3f} {total['gemm_blocked']:>16.3f}  {detail}", flush=True)
+        if total["gemv_coalesced"] < total["gemm_blocked"]:
             crossover = tokens
     print(f"crossover={crossover}")
+
+
+def time_ms(launch, repeats: int) -> float:
+    """Mean ms per launch over `repeats` back-to-back launches (CUDA events), after one untimed launch."""
+    from numba import cuda
+    launch()
+    cuda.synchronize()
+    start, stop = cuda.event(), cuda.event()
+    start.record()
+    for _ in range(repeats):
+        launch()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / repeats
 
 
 if __name__ == "__main__":

@@ -34,3 +34,8 @@ cat "$OUT/gpu1_status.log"; grep -E "^\| [0-9]|Result" "$OUT/gpu_compare.log" | 
 grep -E "output tok/s|stopped" "$OUT/bench-hf.log" | tail -6
 python3 -m tinyvllm.bench --merge "$OUT/bench-tinyvllm/bench.json" "$OUT/bench-hf/bench.json" --out "$OUT/bench-merged" \
   > "$OUT/bench-merged.log" 2>&1; echo "merge rc=$?"; grep -vE "^kernels" "$OUT/bench-merged.log" | tail -40
+# The device tool returns only a few files per call: everything in one archive, plus the four key logs.
+tar czf /tmp/all-results.tgz -C "$OUT" . && mv /tmp/all-results.tgz "$OUT"/ && \
+  ( cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name all-results.tgz ! -name profile_decode.log \
+      ! -name bench-merged.log ! -name crossover.log ! -name gpu_compare.log -exec rm -rf {} + )
+ls "$OUT"
