@@ -9,7 +9,8 @@ Both kernels give one thread per item on the GPU and loop grid-stride, so the si
 - `write_kv`: one thread per (token, kv head, d) copies k and v into the cache.
 - `attention`: one thread per (token, head) walks keys 0..p once, keeping a running max m, a running sum l
   and the head_dim accumulator in a cuda.local.array. When a score raises m, l and the accumulator are
-  rescaled by exp(m_old - m_new), so exp never sees a positive argument and cannot overflow. The same
+  rescaled by exp(m_old - m_new), so exp never sees a positive argument and cannot overflow (one key's
+  step is `attend_to_key`, which the paged kernels share: the pool is indexed the same way). The same
   kernel serves prefill (write_kv of the whole prompt, then every position as a query) and decode (one
   query per sequence at its newest position). Grid: grid_stride_launch(T * n_heads, THREADS).
 """
@@ -36,6 +37,26 @@ def write_kv_kernel(k, v, k_cache, v_cache, seq_slots, positions):
         v_cache[slot, pos, kv_head, d] = v[t, kv_head, d]
 
 
+@jit(device=True)
+def attend_to_key(q_scaled, k_cache, v_cache, row, column, kv_head, head_dim, acc, running_max, running_sum):
+    """One online-softmax step: fold the key/value at cache[row, column] (a sequence slot and position here,
+    a block and offset in the paged KV pool) into acc, return the new (max, sum)."""
+    score = np.float32(0.0)
+    for d in range(head_dim):
+        score += q_scaled[d] * k_cache[row, column, kv_head, d]
+    if score > running_max:
+        correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
+        running_sum *= correction
+        for d in range(head_dim):
+            acc[d] *= correction
+        running_max = score
+    weight = np.float32(math.exp(score - running_max))
+    running_sum += weight
+    for d in range(head_dim):
+        acc[d] += weight * v_cache[row, column, kv_head, d]
+    return running_max, running_sum
+
+
 @jit
 def attention_kernel(q, k_cache, v_cache, seq_slots, positions, scale, out):
     num_tokens, n_heads, head_dim = q.shape
@@ -55,19 +76,8 @@ def attention_kernel(q, k_cache, v_cache, seq_slots, positions, scale, out):
         running_sum = np.float32(0.0)
 
         for j in range(pos + 1):  # the causal mask: nothing past position p is ever read
-            score = np.float32(0.0)
-            for d in range(head_dim):
-                score += q_scaled[d] * k_cache[slot, j, kv_head, d]
-            if score > running_max:
-                correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
-                running_sum *= correction
-                for d in range(head_dim):
-                    acc[d] *= correction
-                running_max = score
-            weight = np.float32(math.exp(score - running_max))
-            running_sum += weight
-            for d in range(head_dim):
-                acc[d] += weight * v_cache[slot, j, kv_head, d]
+            running_max, running_sum = attend_to_key(q_scaled, k_cache, v_cache, slot, j, kv_head, head_dim, acc,
+                                                     running_max, running_sum)
 
         inv_sum = np.float32(1.0) / running_sum
         for d in range(head_dim):

@@ -58,10 +58,10 @@ import math
 
 import numpy as np
 
+from .attention import MAX_HEAD_DIM, attend_to_key
 from .common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 128
-MAX_HEAD_DIM = 256  # size of the per-thread accumulators: cuda.local.array needs a compile-time size
 QTILE = 16  # queries per prefill block (one thread each)
 KTILE = 16  # key positions per shared-memory tile
 SPLIT_THREADS_MAX = 128  # rows of the split-keys merge buffers (shared sizes are compile-time constants)
@@ -91,25 +91,6 @@ def write_kv_paged_kernel(k, v, k_pool, v_pool, slot_mapping):
             continue
         k_pool[slot // block_size, slot % block_size, kv_head, d] = k[t, kv_head, d]
         v_pool[slot // block_size, slot % block_size, kv_head, d] = v[t, kv_head, d]
-
-
-@jit(device=True)
-def attend_to_key(q_scaled, k_pool, v_pool, block, offset, kv_head, head_dim, acc, running_max, running_sum):
-    """One online-softmax step: fold key/value (block, offset) into acc, return the new (max, sum)."""
-    score = np.float32(0.0)
-    for d in range(head_dim):
-        score += q_scaled[d] * k_pool[block, offset, kv_head, d]
-    if score > running_max:
-        correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
-        running_sum *= correction
-        for d in range(head_dim):
-            acc[d] *= correction
-        running_max = score
-    weight = np.float32(math.exp(score - running_max))
-    running_sum += weight
-    for d in range(head_dim):
-        acc[d] += weight * v_pool[block, offset, kv_head, d]
-    return running_max, running_sum
 
 
 @jit
