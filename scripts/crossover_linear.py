@@ -25,6 +25,7 @@ def main():
     args = parser.parse_args()
     from numba import cuda
     from kernels_numba.matmul import gemm_blocked, gemv_coalesced
+    from sweep_gemv import time_launches  # scripts/ is on the path when a script runs
     rng = np.random.default_rng(0)
     weights = {name: cuda.to_device(rng.integers(0x3C00, 0x3F00, shape).astype(np.uint16))
                for name, shape in LAYER.items()}
@@ -37,7 +38,8 @@ def main():
             xs = {n: cuda.to_device(rng.standard_normal((tokens, k)).astype(np.float32)) for n, (_, k) in LAYER.items()}
             outs = {n: cuda.device_array((tokens, n_out), np.float32) for n, (n_out, _) in LAYER.items()}
             for n in LAYER:
-                times[kernel.__name__, n] = time_ms(lambda: kernel(xs[n], weights[n], outs[n]), args.repeats)
+                times[kernel.__name__, n] = 1e3 * time_launches(lambda: kernel(xs[n], weights[n], outs[n]),
+                                                                args.repeats)
         total = {k.__name__: sum(times[k.__name__, n] for n in LAYER) for k in (gemv_coalesced, gemm_blocked)}
         detail = "  ".join(
             f"{n} {times['gemv_coalesced', n]:.3f}/{times['gemm_blocked', n]:.3f} ms "
@@ -47,20 +49,6 @@ def main():
         if total["gemv_coalesced"] < total["gemm_blocked"]:
             crossover = tokens
     print(f"crossover={crossover}")
-
-
-def time_ms(launch, repeats: int) -> float:
-    """Mean ms per launch over `repeats` back-to-back launches (CUDA events), after one untimed launch."""
-    from numba import cuda
-    launch()
-    cuda.synchronize()
-    start, stop = cuda.event(), cuda.event()
-    start.record()
-    for _ in range(repeats):
-        launch()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / repeats
 
 
 if __name__ == "__main__":

@@ -46,10 +46,20 @@ class CapturedDecode:
         self._batch = DeviceBatch(token_ids, positions, query_seq, slots, tables, decode_only=True)
         assert tables.shape == (B, W)
         self._arena = BufferArena()
-        with launching_into(0, self._arena):  # eager: compiles every kernel, allocates every buffer
-            self.logits = self.runner.device_forward(self._batch)
+        self.logits = self._forward(0)  # eager: compiles every kernel, records every buffer
         cuda.synchronize()
         self._graph = None if SIMULATOR else self._capture()
+
+    def _forward(self, stream):
+        """The forward pass over the static inputs, launched on `stream`, its outputs from the arena (recorded
+        the first time, the same buffers after)."""
+        recorded = bool(self._arena.buffers)
+        if recorded:
+            self._arena.rewind()
+        with cuda.defer_cleanup(), launching_into(stream, self._arena):
+            logits = self.runner.device_forward(self._batch)
+        assert not recorded or logits is self.logits, "the step wrote its logits somewhere else"
+        return logits
 
     def _capture(self):
         from cuda.core import Device, Stream
@@ -57,12 +67,8 @@ class CapturedDecode:
         self._stream = Stream.from_handle(0)  # the legacy default stream: ordered with every other launch
         builder = Device().create_graph_builder()
         builder.begin_building()
-        self._arena.rewind()
-        with cuda.defer_cleanup(), launching_into(builder, self._arena):
-            logits = self.runner.device_forward(self._batch)
-        graph = builder.end_building().complete()
-        assert logits is self.logits, "the captured step wrote its logits somewhere else"
-        return graph
+        self._forward(builder)
+        return builder.end_building().complete()
 
     def _inputs(self, batch: ForwardBatch) -> list[np.ndarray]:
         """The batch's arrays padded to the bucket: rows past len(batch) are dummy queries."""
@@ -85,10 +91,7 @@ class CapturedDecode:
         if self._graph is not None:
             self._graph.launch(self._stream)
         else:
-            self._arena.rewind()
-            with launching_into(0, self._arena):
-                logits = self.runner.device_forward(self._batch)
-            assert logits is self.logits
+            self._forward(0)
         return self.logits[:batch.num_tokens]
 
 
@@ -104,8 +107,7 @@ class DecodeGraphs:
     def can_run(self, batch: ForwardBatch) -> bool:
         """Decode-only, every row sampled, and a bucket fits it."""
         T = batch.num_tokens
-        return (T <= self.buckets[-1] and batch.is_decode_only and len(batch.logits_rows) == T
-                and np.array_equal(batch.logits_rows, np.arange(T))
+        return (T <= self.buckets[-1] and batch.is_decode_only and batch.samples_every_token
                 and batch.block_tables.shape[1] <= self.max_blocks_per_seq)
 
     def bucket_for(self, num_tokens: int) -> int:

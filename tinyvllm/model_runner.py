@@ -116,6 +116,11 @@ class ForwardBatch:
         return len(self.token_ids)
 
     @property
+    def samples_every_token(self) -> bool:
+        """Every token gets logits (a decode-only step where every sequence samples)."""
+        return np.array_equal(self.logits_rows, np.arange(self.num_tokens))
+
+    @property
     def is_decode_only(self) -> bool:
         """One token per sequence (so attention needs no query tiles)."""
         return len(np.unique(self.query_seq)) == self.num_tokens
@@ -201,7 +206,7 @@ class ModelRunner:
     def upload(self, batch: ForwardBatch, all_logits: bool = False) -> DeviceBatch:
         """Copy a batch's index arrays to the device in one transfer."""
         arrays = [batch.token_ids, batch.positions, batch.query_seq, batch.slot_mapping, batch.block_tables]
-        every_row = all_logits or np.array_equal(batch.logits_rows, np.arange(batch.num_tokens))
+        every_row = all_logits or batch.samples_every_token
         if not every_row:
             arrays.append(batch.logits_rows)
         flat, layout = pack_int32(arrays)
@@ -222,10 +227,8 @@ class ModelRunner:
         each stage waits for its kernels, so its output is ready and `seconds` is its real time; without,
         launches stay asynchronous (the engine's plain step) and `seconds` is only the launch time.
         """
-        if not all_logits and len(batch.logits_rows) == 0:  # prefill chunks that end mid-prompt sample nothing
-            logits = yield from self.device_forward_stages(self.upload(batch), synchronize, logits=False)
-            return logits
-        logits = yield from self.device_forward_stages(self.upload(batch, all_logits), synchronize)
+        wants_logits = all_logits or len(batch.logits_rows) > 0  # chunks ending mid-prompt sample nothing
+        logits = yield from self.device_forward_stages(self.upload(batch, all_logits), synchronize, wants_logits)
         return logits
 
     def device_forward_stages(self, batch: DeviceBatch, synchronize: bool = True,
