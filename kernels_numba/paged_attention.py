@@ -42,15 +42,17 @@ sequences may share the same prefix blocks.
   shared load per FMA); here each shared load feeds 2-2.7 FMAs from registers, blocks are 8x wider and the
   group shares every tile.
 - `paged_attention_split_keys`: the same varlen contract as per_query, but one BLOCK per (query, head)
-  (grid (T, n_heads), SPLIT_THREADS threads) instead of one thread: thread i walks keys i, i + n, i + 2n, ...
-  (neighbouring threads read neighbouring key rows) with its own online-softmax state (m_i, l_i, acc_i).
-  The block then merges: m_i and l_i go to shared memory, every thread computes M = max_i m_i and
-  L = sum_i l_i exp(m_i - M); the accumulators are summed MERGE_DIMS dimensions at a time through a shared
-  [SPLIT_THREADS_MAX, MERGE_DIMS] array, each scaled by exp(m_i - M), and divided by L. A thread that got no
-  key has m_i = -inf, l_i = 0 and weighs exp(-inf) = 0; key 0 always exists, so M is finite. Per_query
-  leaves a decode step with T * n_heads busy threads (32 at batch 1 on Llama-3.2-1B) each walking the
-  whole context serially; here T * n_heads blocks of SPLIT_THREADS threads share that walk, so long
-  contexts fill the GPU and each thread's serial chain is context / SPLIT_THREADS keys long.
+  (grid (T, n_heads), SPLIT_THREADS threads) instead of one thread, walking the context SPLIT_KEY_CHUNK keys
+  at a time: (1) the block copies the chunk's K and V rows (found through the block table) into shared
+  memory, consecutive threads reading consecutive floats of a row; (2) a thread per key computes its score
+  against q (in shared memory too, so every read of it is a broadcast), a block reduction gives the chunk's
+  max, which raises the running max m, and each score becomes a weight exp(score - m); each thread keeps
+  the sum of its own weights, rescaled by exp(m_old - m_new) when m rises; (3) threads across head_dim and
+  across key slices add weights @ V to accumulators rescaled by the same factor. At the end one block sum
+  gives l, the slices' accumulators are added through shared memory and divided by l. Per_query leaves a
+  decode step with T * n_heads busy threads (32 at batch 1 on Llama-3.2-1B), each walking the whole
+  context serially and reading K and V one thread per row (32 memory segments per warp load); here every
+  phase is spread over the block and every global read is coalesced.
 """
 from dataclasses import dataclass
 import functools
@@ -64,10 +66,11 @@ from .common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch, launch_strea
 THREADS = 128
 QTILE = 16  # queries per prefill block (one thread each)
 KTILE = 16  # key positions per shared-memory tile
-SPLIT_THREADS_MAX = 128  # rows of the split-keys merge buffers (shared sizes are compile-time constants)
-SPLIT_THREADS = 4 if SIMULATOR else SPLIT_THREADS_MAX  # threads sharing one (query, head); each syncthreads
-#                                                        costs milliseconds in the simulator
-MERGE_DIMS = 32  # head_dim columns merged per round: SPLIT_THREADS_MAX x MERGE_DIMS x 4 B = 16 KB of shared
+SPLIT_THREADS = 4 if SIMULATOR else 128  # threads sharing one (query, head); each syncthreads costs
+#                                          milliseconds in the simulator
+SPLIT_KEY_CHUNK = 8 if SIMULATOR else 64  # keys whose K and V rows sit in shared memory at once: 64 x 65 +
+#                                           64 x 64 floats, 33 KB (the static limit is 48); the simulator's
+#                                           few-dozen-key tests cross several chunks
 # prefill_gqa tile sizes (upper bounds: gqa_shape shrinks the tiles to fit the shared memory). A simulated
 # syncthreads costs ~2.5 ms per thread of the block, so the simulator gets 4-thread blocks and short tiles: the
 # same index math and phases, and its few-dozen-key tests still cross several query and key tiles.
@@ -190,59 +193,129 @@ def paged_attention_prefill_kernel(q, k_pool, v_pool, block_tables, tile_seq, ti
             out[t, h, d] = acc[d] * inv_sum
 
 
-@jit
-def paged_attention_split_keys_kernel(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out):
-    t = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    n_threads = cuda.blockDim.x
-    head_dim = q.shape[2]
-    block_size = k_pool.shape[1]
-    kv_head = h // (q.shape[1] // k_pool.shape[2])
-    b = query_seq[t]
-    context_len = query_pos[t] + 1  # causal: keys 0..position
-    # one shared array per line: the simulator aliases two declared on the same line
-    thread_max = cuda.shared.array(SPLIT_THREADS_MAX, np.float32)
-    thread_sum = cuda.shared.array(SPLIT_THREADS_MAX, np.float32)
-    merge = cuda.shared.array((SPLIT_THREADS_MAX, MERGE_DIMS), np.float32)
+def _block_reduce(take_max: bool, threads: int):
+    """A device function combining one float32 per thread of a `threads`-thread block (max, or sum) through
+    the shared `buffer`; every thread gets the result. Any thread count: each round folds the upper half of
+    the live values onto the lower half. Ends with a barrier, so the buffer may be reused at once."""
 
-    q_scaled = cuda.local.array(MAX_HEAD_DIM, np.float32)
-    acc = cuda.local.array(MAX_HEAD_DIM, np.float32)
-    for d in range(head_dim):
-        q_scaled[d] = q[t, h, d] * scale  # scale once here, so each score is a plain dot product
-        acc[d] = np.float32(0.0)
-    running_max = np.float32(-math.inf)  # stays -inf, with running_sum 0, for a thread that gets no key
-    running_sum = np.float32(0.0)
-
-    for j in range(tid, context_len, n_threads):
-        block = block_tables[b, j // block_size]
-        offset = j % block_size
-        running_max, running_sum = attend_to_key(q_scaled, k_pool, v_pool, block, offset, kv_head, head_dim,
-                                                 acc, running_max, running_sum)
-
-    thread_max[tid] = running_max
-    thread_sum[tid] = running_sum
-    cuda.syncthreads()
-    block_max = np.float32(-math.inf)
-    for i in range(n_threads):
-        block_max = max(block_max, thread_max[i])  # finite: thread 0 always has key 0
-    total = np.float32(0.0)
-    for i in range(n_threads):
-        total += thread_sum[i] * np.float32(math.exp(thread_max[i] - block_max))
-    own_weight = np.float32(math.exp(running_max - block_max))  # 0 for a thread without keys
-    inv_total = np.float32(1.0) / total
-
-    for d_start in range(0, head_dim, MERGE_DIMS):
-        width = min(MERGE_DIMS, head_dim - d_start)
-        for d in range(width):
-            merge[tid, d] = acc[d_start + d] * own_weight
+    @jit(device=True)
+    def reduce(value, buffer, tid):
+        buffer[tid] = value
         cuda.syncthreads()
-        for d in range(tid, width, n_threads):  # thread d sums column d over the block's threads
-            column = np.float32(0.0)
-            for i in range(n_threads):
-                column += merge[i, d]
-            out[t, h, d_start + d] = column * inv_total
-        cuda.syncthreads()  # nobody overwrites the buffer while another thread still sums it
+        size = threads
+        while size > 1:
+            half = (size + 1) // 2
+            if tid < size - half:
+                if take_max:
+                    buffer[tid] = max(buffer[tid], buffer[tid + half])
+                else:
+                    buffer[tid] += buffer[tid + half]
+            cuda.syncthreads()
+            size = half
+        result = buffer[0]
+        cuda.syncthreads()  # everyone has read buffer[0] before anyone writes the buffer again
+        return result
+
+    return reduce
+
+
+@functools.cache
+def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: int, key_chunk: int):
+    """The split-keys decode kernel for one shape (compile-time constants: shared arrays are sized by them
+    and the loops over them unroll)."""
+    lanes = min(threads, head_dim)        # threads across head_dim in the V pass
+    slices = max(1, threads // lanes)     # ... times key slices: thread tid takes dims of lane tid % lanes
+    dims = cdiv(head_dim, lanes)          # output dims per thread (1 on the GPU: head_dim 64, 128 threads)
+    k_row_stride = head_dim + 1           # padded: thread j reading K row j, dim d hits bank (j + d) % 32
+    block_max = _block_reduce(True, threads)
+    block_sum = _block_reduce(False, threads)
+
+    @jit
+    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out):
+        t = cuda.blockIdx.x
+        h = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        n_kv_heads = k_rows.shape[1] // head_dim
+        column = (h // (q.shape[1] // n_kv_heads)) * head_dim  # this KV head's first column of a pool row
+        b = query_seq[t]
+        context_len = query_pos[t] + 1  # causal: keys 0..position
+        # one shared array per line: the simulator aliases two declared on the same line
+        q_scaled = cuda.shared.array(head_dim, np.float32)
+        k_tile = cuda.shared.array((key_chunk, k_row_stride), np.float32)
+        v_tile = cuda.shared.array((key_chunk, head_dim), np.float32)
+        weights = cuda.shared.array(key_chunk, np.float32)  # the chunk's scores, then exp(score - m)
+        rows = cuda.shared.array(key_chunk, np.int32)       # the chunk's pool rows
+        reduce_buffer = cuda.shared.array(threads, np.float32)
+        partial_out = cuda.shared.array((slices, head_dim), np.float32)
+        acc = cuda.local.array(dims, np.float32)
+        lane = tid % lanes
+        key_slice = tid // lanes
+        for d in range(tid, head_dim, threads):
+            q_scaled[d] = q[t, h, d] * scale  # scale once here, so each score is a plain dot product
+        for i in range(dims):
+            acc[i] = np.float32(0.0)
+        running_max = np.float32(-math.inf)
+        own_sum = np.float32(0.0)  # this thread's keys' weights; the block's sum is taken once, at the end
+
+        for chunk_start in range(0, context_len, key_chunk):
+            n_keys = min(key_chunk, context_len - chunk_start)
+            for j in range(tid, n_keys, threads):
+                key = chunk_start + j
+                rows[j] = block_tables[b, key // block_size] * block_size + key % block_size
+            cuda.syncthreads()
+            # 1. K and V rows of the chunk into shared memory: consecutive threads read consecutive floats
+            # of a row (coalesced), every thread's loads independent (in flight together)
+            for e in range(tid, key_chunk * head_dim, threads):
+                j = e // head_dim
+                d = e % head_dim
+                if j < n_keys:
+                    k_tile[j, d] = k_rows[rows[j], column + d]
+                    v_tile[j, d] = v_rows[rows[j], column + d]
+            cuda.syncthreads()
+            # 2. scores, a thread per key, and the block's new running max
+            chunk_max = np.float32(-math.inf)
+            for j in range(tid, n_keys, threads):
+                score = np.float32(0.0)
+                for d in range(head_dim):
+                    score += q_scaled[d] * k_tile[j, d]
+                weights[j] = score
+                chunk_max = max(chunk_max, score)
+            new_max = max(running_max, block_max(chunk_max, reduce_buffer, tid))  # finite: n_keys >= 1
+            rescale = np.float32(math.exp(running_max - new_max))  # 0 on the first chunk (running_max -inf)
+            own_sum *= rescale
+            for j in range(tid, n_keys, threads):
+                weight = np.float32(math.exp(weights[j] - new_max))
+                weights[j] = weight
+                own_sum += weight
+            running_max = new_max
+            cuda.syncthreads()
+            # 3. acc += weights @ V: lanes across head_dim, slices across the chunk's keys
+            for i in range(dims):
+                acc[i] *= rescale
+            if key_slice < slices:
+                for j in range(key_slice, n_keys, slices):
+                    weight = weights[j]
+                    for i in range(dims):
+                        d = lane + i * lanes
+                        if d < head_dim:
+                            acc[i] += weight * v_tile[j, d]
+            cuda.syncthreads()  # nobody overwrites the tiles while another thread still reads them
+
+        running_sum = block_sum(own_sum, reduce_buffer, tid)
+        if key_slice < slices:
+            for i in range(dims):
+                d = lane + i * lanes
+                if d < head_dim:
+                    partial_out[key_slice, d] = acc[i]
+        cuda.syncthreads()
+        inv_sum = np.float32(1.0) / running_sum
+        for d in range(tid, head_dim, threads):
+            total = np.float32(0.0)
+            for s in range(slices):
+                total += partial_out[s, d]
+            out[t, h, d] = total * inv_sum
+
+    return kernel
 
 
 @jit(device=True)
@@ -560,11 +633,15 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
     assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
                                                                                      query_pos.shape)
     assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
-    assert 1 <= SPLIT_THREADS <= SPLIT_THREADS_MAX, f"SPLIT_THREADS {SPLIT_THREADS} outside 1..{SPLIT_THREADS_MAX}"
+    assert SPLIT_THREADS >= 1, f"SPLIT_THREADS {SPLIT_THREADS}"
     out = _output(q, out)
     if num_queries > 0:
-        paged_attention_split_keys_kernel[(num_queries, n_heads), SPLIT_THREADS, launch_stream()](
-            q, k_pool, v_pool, block_tables, query_seq, query_pos, np.float32(scale), out)
+        num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape
+        kernel = paged_attention_split_keys_kernel(head_dim, block_size, SPLIT_THREADS, SPLIT_KEY_CHUNK)
+        slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
+        kernel[(num_queries, n_heads), SPLIT_THREADS, launch_stream()](
+            q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, query_seq, query_pos,
+            np.float32(scale), out)
     return out
 
 

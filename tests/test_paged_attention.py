@@ -230,7 +230,7 @@ STABILITY_CASES.append(("chunked", "gqa"))
 @pytest.mark.parametrize("scenario, kernel", STABILITY_CASES)
 def test_stable_with_huge_score_gaps(rng, scenario, kernel):
     # Scores spread over +-1000s: the running max must rise and rescale, and exp(m_old - m_new) underflows to 0;
-    # in split_keys the merge's exp(m_i - M) underflows too.
+    # in split_keys the rescale of the earlier chunks' sum and accumulators underflows too.
     scores = _check(rng, scenario, 4, 6, 2, 16, q_gain=300.0, kernel=kernel)
     assert max(np.abs(s).max() for s in scores) > 2 * LOG_F32_MAX, "scores too small to prove anything"
 
@@ -254,16 +254,20 @@ def test_split_keys_kernel_matches_ref(rng, scenario, layout):
 
 
 @pytest.mark.parametrize("threads", [1, 7, 37])
-def test_split_keys_merges_any_thread_count(rng, monkeypatch, threads):
-    # 1: no merge at all; 7: odd, fewer than head_dim; 37: more threads than the longest context (33 keys), so
-    # most threads hold no key for every query, and more threads than MERGE_DIMS columns.
+def test_split_keys_any_thread_count(rng, monkeypatch, threads):
+    # 1: one thread does every phase alone; 7: odd, fewer than head_dim (12), so a thread owns several output
+    # dims; 37: three key slices of 12 lanes plus an idle thread, and more threads than the longest context
+    # (33 keys) and than a chunk, so most threads hold no key. The odd counts exercise the block reductions'
+    # uneven folds.
     monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", threads)
     _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
 
 
-def test_split_keys_merges_head_dim_over_several_rounds(rng, monkeypatch):
-    # head_dim 40 > MERGE_DIMS 32: a full round and a partial one, with the syncthreads between them.
+def test_split_keys_long_chunks_and_wide_heads(rng, monkeypatch):
+    # head_dim 40 over 5 threads (8 dims each); chunks of 32 keys, so the 33-key context ends in a 1-key chunk
+    # (the tile rows past it keep the previous chunk's values and must not be read).
     monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", 5)
+    monkeypatch.setattr(paged_attention_module, "SPLIT_KEY_CHUNK", 32)
     _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
 
 
