@@ -23,9 +23,11 @@ Four kernels, one job each:
 - `gemm_blocked` (prefill, same math): register blocking. A block of 16 x 8 threads owns a 64-token x
   64-feature output tile and walks K 16 at a time through k-major shared tiles of x and decoded W; a thread
   owns an 8 x 4 micro-tile, kept in 32 register accumulators. Faster because each shared value a thread
-  reads feeds 4 or 8 FMAs (12 reads per 32 FMAs instead of 2 per FMA), each global value is read once per
-  64 outputs instead of 16, and the shared reads are broadcasts or consecutive words (no bank conflicts).
-  Grid: (cdiv(N, 64), cdiv(T, 64)) blocks, features along x.
+  reads feeds 4 or 8 FMAs, read as 128-bit words (3 shared loads per 32 FMAs instead of 2 loads per FMA),
+  each global value is read once per 64 outputs instead of 16, and the shared reads are broadcasts or
+  consecutive words. Grid: (cdiv(N, 64), cdiv(T, 64), splits) blocks, features along x; when the output
+  tiles alone are too few to fill the GPU, K is cut into `splits` slices whose partial products
+  `sum_splits_kernel` adds in a fixed order (split-K; the result does not depend on timing).
 `linear` picks between them (`linear_kernel_name` says which).
 """
 import functools
@@ -42,11 +44,11 @@ from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_G
 # the simulator has no registers to spare, and every extra pass over W re-decodes each weight in Python.
 MAX_GEMV_TOKENS = 32 if SIMULATOR else 8
 GEMV_ROWS = 4        # rows one gemv thread owns: each x value it reads feeds GEMV_ROWS multiply-adds
-# gemv_coalesced walks more tokens a few at a time, its rows coming back from L2; gemm_blocked's 64x64 tiles
-# leave most of the H200's 132 SMs idle below a few hundred tokens (o_proj/down at 128 tokens: 64 blocks;
-# measured 3.9 TFLOP/s on the MLP at 128 tokens, and 51 ms for a batch-16 decode step).
-# TINYVLLM_MAX_COALESCED_TOKENS overrides it (scripts/crossover_linear.py measures where the two cross).
-MAX_COALESCED_TOKENS = int(os.environ.get("TINYVLLM_MAX_COALESCED_TOKENS", 128))
+# gemv_coalesced walks more tokens a few at a time, its rows coming back from L2 (~3 TFLOP/s past 16 tokens);
+# gemm_blocked (128-bit shared reads, split-K on down_proj) passes it from ~32 tokens: one layer's
+# projections at 64 tokens 1.75 ms vs 1.07, at 32 tokens 0.90 vs ~0.85 (scripts/crossover_linear.py on the
+# H200, docs/bench/h200-round3-crossover.log). TINYVLLM_MAX_COALESCED_TOKENS overrides it.
+MAX_COALESCED_TOKENS = int(os.environ.get("TINYVLLM_MAX_COALESCED_TOKENS", 32))
 THREADS = 128
 TILE = 16
 TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no arithmetic inside
@@ -72,13 +74,13 @@ COALESCED_THREADS = 4 if SIMULATOR else 64
 
 # gemm_blocked: a block owns a BLOCK_TOKENS x BLOCK_FEATURES (64 x 64) output tile, a thread a THREAD_TOKENS x
 # THREAD_FEATURES (8 x 4) micro-tile of it: 16 x 8 = 128 threads, 32 float32 accumulators each. Per step
-# of k a thread reads 8 + 4 values from shared memory for 32 FMAs (the simple gemm: 2 reads per FMA). An SM
-# issues one warp-wide shared read per clock against four warp-wide FMAs, so 12 : 32 keeps the FMA units
-# mostly busy; 8 x 8 would balance it but ptxas gives it 168 registers. 64 x 64 tiles keep a short
-# prompt's grid wide (T = 512, N = 2048: 256 blocks for 132 SMs). BLOCK_K = 16: a warp loads 16
+# of k a thread reads 8 + 4 contiguous values from shared memory as three 128-bit loads for 32 FMAs (the
+# simple gemm: 2 reads per FMA). gemm_blocked_kernel(8, 8) (64 x 128 tiles, 64 FMAs per 4 loads) is there
+# for scripts/crossover_linear.py to compare: ptxas gives it 168 registers against 96. 64 x 64 tiles keep a
+# short prompt's grid wide (T = 512, N = 2048: 256 blocks for 132 SMs). BLOCK_K = 16: a warp loads 16
 # consecutive k of 2 rows (64 B of x, 32 B of W per row: whole 32-byte sectors); BLOCK_K = 32 pushed
 # ptxas (sm_90) to 168 registers, 16 needs 96 (no spills): 5 blocks, 20 warps per SM.
-# Shared memory: 2 x 16 x 66 x 4 B = 8.4 KB per block.
+# Shared memory: 2 x 16 x 68 x 4 B = 8.7 KB per block.
 BLOCK_TOKENS = 64
 BLOCK_FEATURES = 64
 BLOCK_K = 16
@@ -87,11 +89,16 @@ THREAD_FEATURES = 4
 BLOCKED_THREADS_X = BLOCK_FEATURES // THREAD_FEATURES  # 16: threadIdx.x walks features
 BLOCKED_THREADS_Y = BLOCK_TOKENS // THREAD_TOKENS      # 8: threadIdx.y walks tokens
 LOAD_ROW_STEP = BLOCKED_THREADS_X * BLOCKED_THREADS_Y // BLOCK_K  # 8: tile rows the block loads at once
-# A warp stores 16 k x 2 rows into a k-major tile: a row stride of 66 words puts (k, row) in bank
-# (2 k + row) % 32, all 32 different (with stride 65, (k + 1, row) and (k, row + 1) would share a bank).
-BLOCK_TOKENS_PADDED = BLOCK_TOKENS + 2
-BLOCK_FEATURES_PADDED = BLOCK_FEATURES + 2
-assert BLOCK_K == 16, "the padding above assumes a warp stores 2 rows of 16 k"
+# A warp stores 16 k x 2 rows into a k-major tile: a row stride of 68 words puts (k, row) in bank
+# (4 k + row) % 32, 2-way conflicts at worst, and keeps every row 16-byte aligned for the vector reads.
+SHARED_ROW_PAD = 4
+SHARED_ALIGN = None if SIMULATOR else 16  # the simulator rejects an alignment argument
+# Split-K: below SPLIT_TARGET_BLOCKS output tiles (3 blocks per SM of an H200) gemm_blocked cuts K into
+# slices of at least MIN_SPLIT_K, so narrow outputs fill the GPU. Measured on the H200 (crossover log):
+# down_proj (K 8192) at 256 tokens 0.77 -> 0.36 ms in 4 slices; slices of K 2048 or less lost (q|k|v at
+# 128 tokens 0.16 -> 0.30 ms in 8 slices of 256: the partial sums' traffic and the extra launch).
+SPLIT_TARGET_BLOCKS = 3 * 132
+MIN_SPLIT_K = 2048
 assert BLOCK_TOKENS % LOAD_ROW_STEP == 0 and BLOCK_FEATURES % LOAD_ROW_STEP == 0
 
 
@@ -212,71 +219,100 @@ def gemm_kernel(x, w_bits, out):
         out[t, n] = acc
 
 
+@functools.cache
+def gemm_blocked_kernel(thread_tokens: int = THREAD_TOKENS, thread_features: int = THREAD_FEATURES):
+    """The gemm_blocked kernel for one micro-tile shape (compile-time constants: the micro-tile loops unroll
+    and its accumulators live in registers). 16 x 8 threads, so the block tile is 8 * thread_tokens tokens x
+    16 * thread_features features."""
+    block_tokens = BLOCKED_THREADS_Y * thread_tokens
+    block_features = BLOCKED_THREADS_X * thread_features
+    tokens_padded = block_tokens + SHARED_ROW_PAD
+    features_padded = block_features + SHARED_ROW_PAD
+    load_rows_x = block_tokens // LOAD_ROW_STEP
+    load_rows_w = block_features // LOAD_ROW_STEP
+
+    @jit
+    def kernel(x, w_bits, partials, k_per_split):
+        # Both tiles are stored k-major (transposed from global memory), so step kk of the inner loop reads
+        # one shared row; a thread's micro-tile is contiguous in it (tokens ty * thread_tokens + i, features
+        # tx * thread_features + j) and 16-byte aligned, so it comes in as 128-bit loads (ld.shared.v4): a
+        # warp's reads are 2 broadcast addresses of x and 16 consecutive 16-byte words of W.
+        x_tile = cuda.shared.array((BLOCK_K, tokens_padded), np.float32, alignment=SHARED_ALIGN)
+        w_tile = cuda.shared.array((BLOCK_K, features_padded), np.float32, alignment=SHARED_ALIGN)
+        # Constant shapes, constant-trip loops: fully unrolled, so these three live in registers.
+        acc = cuda.local.array((thread_tokens, thread_features), np.float32)
+        x_col = cuda.local.array(thread_tokens, np.float32)
+        w_col = cuda.local.array(thread_features, np.float32)
+        num_tokens, in_features = x.shape
+        out_features = w_bits.shape[0]
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        t0 = cuda.blockIdx.y * block_tokens
+        n0 = cuda.blockIdx.x * block_features
+        split = cuda.blockIdx.z  # this block's share of K: [k_begin, k_end); k_per_split is a multiple of BLOCK_K
+        k_begin = split * k_per_split
+        k_end = min(k_begin + k_per_split, in_features)
+        # Loading: thread tid copies column tid % BLOCK_K of tile rows tid // BLOCK_K + LOAD_ROW_STEP * r, so
+        # a warp reads BLOCK_K consecutive k of each of 2 rows (coalesced along k).
+        tid = ty * BLOCKED_THREADS_X + tx
+        load_k = tid % BLOCK_K
+        load_row = tid // BLOCK_K
+        # Unsigned indices for the inner loop's shared reads: numba wraps negative signed indices around
+        # (x[-1] is the last element), a compare and add that LLVM could not remove here and that kept a
+        # separate address per read live across the loop (ptxas: 128 registers signed, 96 unsigned). Never
+        # mix them with signed ints: numba types uint64 + int64 as float64.
+        x_first = np.uint64(ty * thread_tokens)
+        w_first = np.uint64(tx * thread_features)
+        for i in range(thread_tokens):
+            for j in range(thread_features):
+                acc[i, j] = np.float32(0.0)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            # Past the edges: k >= K is zero-filled (it would add to every output); rows past T or N are
+            # clamped to the last row, since they only reach accumulators that are never stored. Clamped
+            # addresses, no branch: the compiler can issue all the loads before the first store.
+            k = k0 + load_k
+            k_in_range = k < k_end
+            k_clamped = min(k, in_features - 1)
+            for r in range(load_rows_x):
+                m = load_row + r * LOAD_ROW_STEP
+                value = x[min(t0 + m, num_tokens - 1), k_clamped]
+                x_tile[load_k, m] = value if k_in_range else np.float32(0.0)
+            for r in range(load_rows_w):
+                j = load_row + r * LOAD_ROW_STEP
+                value = bf16_to_f32(w_bits[min(n0 + j, out_features - 1), k_clamped])  # decoded once per block
+                w_tile[load_k, j] = value if k_in_range else np.float32(0.0)
+            cuda.syncthreads()
+            for kk in range(np.uint64(BLOCK_K)):
+                for i in range(thread_tokens):
+                    x_col[i] = x_tile[kk, x_first + np.uint64(i)]
+                for j in range(thread_features):
+                    w_col[j] = w_tile[kk, w_first + np.uint64(j)]
+                for i in range(thread_tokens):
+                    for j in range(thread_features):
+                        acc[i, j] += x_col[i] * w_col[j]
+            cuda.syncthreads()  # nobody overwrites the tiles while others still read them
+        for i in range(thread_tokens):
+            t = t0 + ty * thread_tokens + i
+            if t < num_tokens:
+                for j in range(thread_features):
+                    n = n0 + tx * thread_features + j
+                    if n < out_features:
+                        partials[split, t, n] = acc[i, j]
+
+    return kernel
+
+
 @jit
-def gemm_blocked_kernel(x, w_bits, out):
-    # Both tiles are stored k-major (transposed from global memory), so step kk of the inner loop reads one
-    # shared row: a warp (2 thread rows ty x 16 columns tx) reads 2 distinct x values (broadcasts) and 16
-    # consecutive weights (16 banks), no bank conflicts.
-    x_tile = cuda.shared.array((BLOCK_K, BLOCK_TOKENS_PADDED), np.float32)    # x_tile[kk, m] = x[t0 + m, k0 + kk]
-    w_tile = cuda.shared.array((BLOCK_K, BLOCK_FEATURES_PADDED), np.float32)  # w_tile[kk, j] = W[n0 + j, k0 + kk]
-    # Constant shapes, constant-trip loops: fully unrolled, so these three live in registers.
-    acc = cuda.local.array((THREAD_TOKENS, THREAD_FEATURES), np.float32)
-    x_col = cuda.local.array(THREAD_TOKENS, np.float32)
-    w_col = cuda.local.array(THREAD_FEATURES, np.float32)
-    num_tokens, in_features = x.shape
-    out_features = w_bits.shape[0]
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    t0 = cuda.blockIdx.y * BLOCK_TOKENS
-    n0 = cuda.blockIdx.x * BLOCK_FEATURES
-    # Loading: thread tid copies column tid % BLOCK_K of tile rows tid // BLOCK_K + LOAD_ROW_STEP * r, so
-    # a warp reads BLOCK_K consecutive k of each of 2 rows (coalesced along k).
-    tid = ty * BLOCKED_THREADS_X + tx
-    load_k = tid % BLOCK_K
-    load_row = tid // BLOCK_K
-    # Unsigned indices for the inner loop's shared reads: numba wraps negative signed indices around
-    # (x[-1] is the last element), a compare and add that LLVM could not remove here and that kept a
-    # separate address per read live across the loop (ptxas: 128 registers signed, 96 unsigned). Never
-    # mix them with signed ints: numba types uint64 + int64 as float64.
-    tx_u = np.uint64(tx)
-    ty_u = np.uint64(ty)
-    for i in range(THREAD_TOKENS):
-        for j in range(THREAD_FEATURES):
-            acc[i, j] = np.float32(0.0)
-    for k0 in range(0, in_features, BLOCK_K):
-        # Past the edges: k >= K is zero-filled (it would add to every output); rows past T or N are
-        # clamped to the last row, since they only reach accumulators that are never stored. Clamped
-        # addresses, no branch: the compiler can issue all 16 loads before the first store.
-        k = k0 + load_k
-        k_in_range = k < in_features
-        k_clamped = min(k, in_features - 1)
-        for r in range(BLOCK_TOKENS // LOAD_ROW_STEP):
-            m = load_row + r * LOAD_ROW_STEP
-            value = x[min(t0 + m, num_tokens - 1), k_clamped]
-            x_tile[load_k, m] = value if k_in_range else np.float32(0.0)
-        for r in range(BLOCK_FEATURES // LOAD_ROW_STEP):
-            j = load_row + r * LOAD_ROW_STEP
-            value = bf16_to_f32(w_bits[min(n0 + j, out_features - 1), k_clamped])  # decoded once per block
-            w_tile[load_k, j] = value if k_in_range else np.float32(0.0)
-        cuda.syncthreads()
-        # This thread's micro-tile: tokens ty + BLOCKED_THREADS_Y * i, features tx + BLOCKED_THREADS_X * j
-        # (strided, so a warp's reads of one shared row are broadcasts or consecutive words).
-        for kk in range(np.uint64(BLOCK_K)):
-            for i in range(THREAD_TOKENS):
-                x_col[i] = x_tile[kk, ty_u + np.uint64(i * BLOCKED_THREADS_Y)]
-            for j in range(THREAD_FEATURES):
-                w_col[j] = w_tile[kk, tx_u + np.uint64(j * BLOCKED_THREADS_X)]
-            for i in range(THREAD_TOKENS):
-                for j in range(THREAD_FEATURES):
-                    acc[i, j] += x_col[i] * w_col[j]
-        cuda.syncthreads()  # nobody overwrites the tiles while others still read them
-    for i in range(THREAD_TOKENS):
-        t = t0 + ty + i * BLOCKED_THREADS_Y
-        if t < num_tokens:
-            for j in range(THREAD_FEATURES):
-                n = n0 + tx + j * BLOCKED_THREADS_X
-                if n < out_features:
-                    out[t, n] = acc[i, j]  # a warp stores 16 consecutive n of 2 rows
+def sum_splits_kernel(partials, out):
+    """out[t, n] = sum_s partials[s, t, n], s in order (deterministic, unlike atomic adds)."""
+    splits, num_tokens, out_features = partials.shape
+    for i in range(cuda.grid(1), num_tokens * out_features, cuda.gridsize(1)):
+        t = i // out_features
+        n = i % out_features
+        total = partials[0, t, n]
+        for s in range(1, splits):
+            total += partials[s, t, n]
+        out[t, n] = total
 
 
 def _check_shapes(x, w_bits, out):
@@ -336,14 +372,41 @@ def gemm(x, w_bits, out=None):
     return out
 
 
-def gemm_blocked(x, w_bits, out=None):
-    """y = x @ W.T for many tokens: a BLOCK_TOKENS x BLOCK_FEATURES output tile per block, a register-blocked
-    THREAD_TOKENS x THREAD_FEATURES micro-tile per thread. Any T, N and K (weights are read as bf16 halves)."""
+def gemm_splits(num_tokens: int, in_features: int, out_features: int,
+                thread_tokens: int = THREAD_TOKENS, thread_features: int = THREAD_FEATURES) -> int:
+    """How many slices of K gemm_blocked cuts this shape into: one, unless the output tiles alone would
+    leave the GPU short of SPLIT_TARGET_BLOCKS blocks (a decode batch of 256 through o_proj: 128 tiles for
+    132 SMs, one 4-warp block each); then doublings while each slice keeps MIN_SPLIT_K of K."""
+    tiles = cdiv(out_features, BLOCKED_THREADS_X * thread_features) * cdiv(num_tokens, BLOCKED_THREADS_Y * thread_tokens)
+    splits = 1
+    while tiles * splits < SPLIT_TARGET_BLOCKS and in_features >= 2 * splits * MIN_SPLIT_K:
+        splits *= 2
+    return splits
+
+
+def gemm_blocked(x, w_bits, out=None, splits=None, thread_tokens=THREAD_TOKENS, thread_features=THREAD_FEATURES):
+    """y = x @ W.T for many tokens: an output tile per block, a register-blocked thread_tokens x
+    thread_features micro-tile per thread. Any T, N and K (weights are read as bf16 halves). With
+    `splits` > 1 (default: gemm_splits) each block sums one slice of K into a partial product and
+    sum_splits_kernel adds the slices in order."""
     out = _check_shapes(x, w_bits, out)
-    if x.shape[0] > 0 and w_bits.shape[0] > 0:
-        grid = (cdiv(w_bits.shape[0], BLOCK_FEATURES), cdiv(x.shape[0], BLOCK_TOKENS))
-        block = (BLOCKED_THREADS_X, BLOCKED_THREADS_Y)
-        gemm_blocked_kernel[grid, block, launch_stream()](x, w_bits, out)
+    num_tokens, in_features = x.shape
+    out_features = w_bits.shape[0]
+    if num_tokens == 0 or out_features == 0:
+        return out
+    if splits is None:
+        splits = gemm_splits(num_tokens, in_features, out_features, thread_tokens, thread_features)
+    k_per_split = cdiv(cdiv(in_features, splits), BLOCK_K) * BLOCK_K
+    splits = cdiv(in_features, k_per_split)  # a split never starts past K
+    partials = out.reshape((1, num_tokens, out_features)) if splits == 1 else device_empty(
+        (splits, num_tokens, out_features), np.float32)
+    grid = (cdiv(out_features, BLOCKED_THREADS_X * thread_features),
+            cdiv(num_tokens, BLOCKED_THREADS_Y * thread_tokens), splits)
+    kernel = gemm_blocked_kernel(thread_tokens, thread_features)
+    kernel[grid, (BLOCKED_THREADS_X, BLOCKED_THREADS_Y), launch_stream()](x, w_bits, partials, k_per_split)
+    if splits > 1:
+        blocks, threads = grid_stride_launch(num_tokens * out_features, THREADS)
+        sum_splits_kernel[blocks, threads, launch_stream()](partials, out)
     return out
 
 

@@ -5,7 +5,7 @@ from kernels_numba.bf16 import bf16_to_f32_ref, f32_to_bf16_ref
 from kernels_numba.common import cuda
 from kernels_numba import matmul
 from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_PASS_TOKENS, COALESCED_ROWS,
-                                  GEMV_ROWS, MAX_COALESCED_TOKENS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemv,
+                                  GEMV_ROWS, MAX_COALESCED_TOKENS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemm_splits, gemv,
                                   gemv_coalesced, linear, linear_kernel_name, linear_ref)
 from tests.helpers import poisoned
 
@@ -132,6 +132,23 @@ def test_gemm_blocked_matches_ref(rng, num_tokens, in_features, out_features):
     got = gemm_blocked(cuda.to_device(x), cuda.to_device(w_bits), out=out)
     assert got is out
     _assert_close_to_ref(out.copy_to_host(), x, w_bits)
+
+
+@pytest.mark.parametrize("splits, in_features", [(3, 100), (2, 33), (4, 40)])
+def test_gemm_blocked_split_k_matches_ref(rng, splits, in_features):
+    # 100 in 3 slices: 48 + 48 + 4 (k_per_split rounds up to BLOCK_K); 33 in 2: 32 + 1; 40 asked in 4 slices
+    # of 16 is 3 (a slice never starts past K). T = 70 crosses a token tile, so each slice has two blocks.
+    x, w_bits = _inputs(rng, 70, in_features)
+    got = gemm_blocked(cuda.to_device(x), cuda.to_device(w_bits), out=poisoned((70, OUT_FEATURES), np.float32),
+                       splits=splits)
+    _assert_close_to_ref(got.copy_to_host(), x, w_bits)
+
+
+def test_gemm_splits_fills_the_gpu_only_when_tiles_are_few():
+    assert gemm_splits(4096, 2048, 16384) == 1  # 64 x 256 tiles already
+    assert gemm_splits(256, 8192, 2048) == 4    # down_proj at a 256-decode: 4 x 32 tiles -> 512 blocks
+    assert gemm_splits(64, 8192, 2048) == 4     # ... and no slice under MIN_SPLIT_K = 2048
+    assert gemm_splits(256, 2048, 2048) == 1    # o_proj: K is one slice already
 
 
 def test_gemm_blocked_reads_a_row_slice_of_a_bigger_weight(rng):
