@@ -116,6 +116,7 @@ class BlockManager:
                 del self.free_queue[block_id]
             block.ref_count += 1
         seq.block_table = hits
+        seq.num_hashed_blocks = len(hits)
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * bs
         self.prefix_hit_tokens += seq.num_cached_tokens
         return seq.num_cached_tokens
@@ -125,8 +126,11 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        parent = None
-        for i in range(seq.num_computed_tokens // bs):
+        # Blocks fill in order, so only those past the last registered one can be new (a long sequence
+        # would otherwise walk its whole table every step).
+        start = seq.num_hashed_blocks
+        parent = self.blocks[seq.block_table[start - 1]].hash if start else None
+        for i in range(start, seq.num_computed_tokens // bs):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
@@ -134,6 +138,7 @@ class BlockManager:
                 # Two sequences may compute the same prefix at once: the first registered copy stays.
                 self.hash_to_block.setdefault(block.hash, block.block_id)
             parent = block.hash
+        seq.num_hashed_blocks = max(start, seq.num_computed_tokens // bs)
 
     # ---- allocation ------------------------------------------------------------------------
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -165,6 +170,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_queue[block_id] = None
         seq.block_table = []
+        seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
 
     def check_invariants(self) -> None:

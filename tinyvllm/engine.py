@@ -64,12 +64,16 @@ class EngineConfig:
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
 
 
+def _slice(items: list, start: int, stop: int) -> list:
+    return items[start:stop]
+
+
 @dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    token_ids: list[int]                  # every output token so far
+    _token_ids: list[int] | Callable[[], list[int]] = field(repr=False)  # every output token so far
     new_token_ids: list[int] = field(default_factory=list)   # what this step added (streaming)
     finished: bool = False
     finish_reason: str | None = None      # "stop" | "length" | "error" | "abort"
@@ -77,6 +81,14 @@ class RequestOutput:
     _text: str | None = field(default=None, repr=False)
     _detokenize: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
     _metrics: Callable[[], RequestMetrics] | RequestMetrics | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every output token as of this output's step; copied when first asked for (copying each growing
+        output of a large batch at every step is O(output length) each)."""
+        if callable(self._token_ids):
+            self._token_ids = self._token_ids()
+        return self._token_ids
 
     @property
     def metrics(self) -> RequestMetrics | None:
@@ -278,18 +290,24 @@ class LLMEngine:
 
     def _build_batch(self, schedule: SchedulerOutput) -> ForwardBatch:
         token_ids, positions, query_seq, slots, logits_rows = [], [], [], [], []
+        bs = self.block_manager.block_size
         for row, s in enumerate(schedule.scheduled):
-            seq = s.seq
-            token_ids += s.token_ids
-            positions += range(s.start, s.end)
-            query_seq += [row] * s.num_new_tokens
-            slots += [self.block_manager.slot(seq, p) for p in range(s.start, s.end)]
+            table = s.seq.block_table
+            if s.num_new_tokens == 1:  # a decode: the common row of a large batch, kept short
+                token_ids.append(s.token_ids[0])
+                positions.append(s.start)
+                query_seq.append(row)
+                slots.append(table[s.start // bs] * bs + s.start % bs)
+            else:
+                token_ids += s.token_ids
+                positions += range(s.start, s.end)
+                query_seq += [row] * s.num_new_tokens
+                slots += [table[p // bs] * bs + p % bs for p in range(s.start, s.end)]
             if s.samples:
                 logits_rows.append(len(token_ids) - 1)
-        width = max(len(s.seq.block_table) for s in schedule.scheduled)
-        block_tables = np.full((len(schedule.scheduled), width), -1, np.int32)
-        for row, s in enumerate(schedule.scheduled):
-            block_tables[row, :len(s.seq.block_table)] = s.seq.block_table
+        tables = [s.seq.block_table for s in schedule.scheduled]
+        width = max(map(len, tables))
+        block_tables = np.array([t + [-1] * (width - len(t)) for t in tables], np.int32)
         return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, logits_rows)
 
     def _sample(self, logits, seqs: list[Sequence]) -> list[int]:
@@ -334,13 +352,19 @@ class LLMEngine:
             self.metrics.on_finished(request.request_id, time.perf_counter(), reason)
 
     def _output(self, request: _Request) -> RequestOutput:
-        token_ids = request.seq.output_token_ids if request.seq is not None else []
-        new = token_ids[request.reported_tokens:]
-        request.reported_tokens = len(token_ids)
+        seq = request.seq
+        n_out = seq.num_output_tokens if seq is not None else 0
+        # A sequence's token list only ever grows (preemption keeps it), so a slice taken later up to
+        # n_out is this step's snapshot.
+        start = seq.num_prompt_tokens if seq is not None else 0
+        all_ids = seq.token_ids if seq is not None else []
+        new = all_ids[start + request.reported_tokens:start + n_out]
+        request.reported_tokens = n_out
         return RequestOutput(
-            request.request_id, request.prompt, request.prompt_token_ids, list(token_ids),
-            new_token_ids=list(new), finished=request.finish_reason is not None,
+            request.request_id, request.prompt, request.prompt_token_ids,
+            functools.partial(_slice, all_ids, start, start + n_out),
+            new_token_ids=new, finished=request.finish_reason is not None,
             finish_reason=request.finish_reason, error=request.error,
             _text=request.text, _detokenize=self.tokenizer.decode,
             _metrics=functools.partial(self.metrics.request_metrics, request.request_id,
-                                       (len(token_ids), request.finish_reason is not None)))
+                                       (n_out, request.finish_reason is not None)))

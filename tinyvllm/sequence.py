@@ -25,6 +25,7 @@ class Sequence:
     num_computed_tokens: int = 0       # tokens whose K/V are in the cache
     num_cached_tokens: int = 0         # of those, tokens that came from a prefix-cache hit (stats)
     block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0         # leading blocks of block_table registered for prefix caching
     num_preemptions: int = 0
     data: object = None                # whatever the engine attaches (sampling params, timings)
 
