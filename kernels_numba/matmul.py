@@ -94,11 +94,12 @@ LOAD_ROW_STEP = BLOCKED_THREADS_X * BLOCKED_THREADS_Y // BLOCK_K  # 8: tile rows
 SHARED_ROW_PAD = 4
 SHARED_ALIGN = None if SIMULATOR else 16  # the simulator rejects an alignment argument
 # Split-K: below SPLIT_TARGET_BLOCKS output tiles (3 blocks per SM of an H200) gemm_blocked cuts K into
-# slices of at least MIN_SPLIT_K, so narrow outputs fill the GPU. Measured on the H200 (crossover log):
-# down_proj (K 8192) at 256 tokens 0.77 -> 0.36 ms in 4 slices; slices of K 2048 or less lost (q|k|v at
-# 128 tokens 0.16 -> 0.30 ms in 8 slices of 256: the partial sums' traffic and the extra launch).
+# slices of at least MIN_SPLIT_K, so narrow outputs fill the GPU. In a batch-256 decode graph on the H200
+# (docs/bench/h200-round3-*.log) slices of 256 up made q|k|v 3.3 -> 2.5 ms and o_proj 2.4 -> 1.5 ms a step,
+# and down_proj 0.77 -> 0.36 ms a layer. (scripts/crossover_linear.py times eager launches, so there the
+# extra sum launch's host cost makes the K = 2048 splits look slower than they are in a graph.)
 SPLIT_TARGET_BLOCKS = 3 * 132
-MIN_SPLIT_K = 2048
+MIN_SPLIT_K = 256
 assert BLOCK_TOKENS % LOAD_ROW_STEP == 0 and BLOCK_FEATURES % LOAD_ROW_STEP == 0
 
 

@@ -43,16 +43,23 @@ sequences may share the same prefix blocks.
   group shares every tile.
 - `paged_attention_split_keys`: the same varlen contract as per_query, but one BLOCK per (query, head)
   (grid (T, n_heads), SPLIT_THREADS threads) instead of one thread, walking the context SPLIT_KEY_CHUNK keys
-  at a time: (1) the block copies the chunk's K and V rows (found through the block table) into shared
-  memory, consecutive threads reading consecutive floats of a row; (2) a thread per key computes its score
-  against q (in shared memory too, so every read of it is a broadcast), a block reduction gives the chunk's
-  max, which raises the running max m, and each score becomes a weight exp(score - m); each thread keeps
-  the sum of its own weights, rescaled by exp(m_old - m_new) when m rises; (3) threads across head_dim and
-  across key slices add weights @ V to accumulators rescaled by the same factor. At the end one block sum
-  gives l, the slices' accumulators are added through shared memory and divided by l. Per_query leaves a
-  decode step with T * n_heads busy threads (32 at batch 1 on Llama-3.2-1B), each walking the whole
-  context serially and reading K and V one thread per row (32 memory segments per warp load); here every
-  phase is spread over the block and every global read is coalesced.
+  at a time in three phases: (1) a thread per key computes its score against q (kept in shared memory, so
+  every read of it is a broadcast) and notes the key's pool row; (2) block reductions give the chunk's max,
+  which raises the running max m; the scores become weights exp(score - m) in shared memory and their block
+  sum, with the old sum rescaled by exp(m_old - m_new), gives the running sum l; (3) threads across head_dim
+  (a warp reads consecutive floats of one V row) and across key slices add weights @ V to accumulators
+  rescaled by the same factor. At the end the slices' accumulators are summed through shared memory and
+  divided by l. Per_query leaves a decode step with T * n_heads busy threads (32 at batch 1 on Llama-3.2-1B),
+  each walking the whole context serially; here T * n_heads blocks share the work. The decode kernel for
+  small GPU batches.
+- `paged_attention_decode_gqa`: the same contract again, one block per (query, KV head) for the whole
+  group of query heads (4 on Llama-3.2-1B), GQA_DECODE_KEY_CHUNK keys at a time: the block copies the
+  chunk's K and V rows into shared memory once (coalesced: consecutive threads read consecutive floats of a
+  row), then a thread per (head, key) scores it, a segment of threads per head finds the head's chunk max
+  (running max m per head in shared memory), the scores become weights, and a thread per (head, dim)
+  output adds weights @ V from the shared V tile; each thread keeps the sum of its own weights, rescaled with
+  m, and one sum per head at the end gives l. split_keys reads each K/V row once per query head (4x the
+  traffic); this reads it once. The decode kernel for large GPU batches (long contexts at batch 256).
 """
 from dataclasses import dataclass
 import functools
@@ -68,9 +75,14 @@ QTILE = 16  # queries per prefill block (one thread each)
 KTILE = 16  # key positions per shared-memory tile
 SPLIT_THREADS = 4 if SIMULATOR else 128  # threads sharing one (query, head); each syncthreads costs
 #                                          milliseconds in the simulator
-SPLIT_KEY_CHUNK = 8 if SIMULATOR else 64  # keys whose K and V rows sit in shared memory at once: 64 x 65 +
-#                                           64 x 64 floats, 33 KB (the static limit is 48); the simulator's
-#                                           few-dozen-key tests cross several chunks
+SPLIT_KEY_CHUNK = 8 if SIMULATOR else 256  # keys whose weights sit in shared memory at once (the simulator's
+#                                            few-dozen-key tests cross several chunks)
+GQA_DECODE_THREADS = 4 if SIMULATOR else 128
+# The runner's switch from split_keys (T x n_heads blocks) to decode_gqa (T x n_kv_heads blocks): 2 blocks
+# per SM of an H200, from a decode batch of 33 on Llama-3.2-1B.
+DECODE_GQA_MIN_BLOCKS = 2 * 132
+GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64  # keys whose K and V rows sit in shared memory at once: 64 x 65
+#                                                + 64 x 64 floats, 33 KB (the static limit is 48)
 # prefill_gqa tile sizes (upper bounds: gqa_shape shrinks the tiles to fit the shared memory). A simulated
 # syncthreads costs ~2.5 ms per thread of the block, so the simulator gets 4-thread blocks and short tiles: the
 # same index math and phases, and its few-dozen-key tests still cross several query and key tiles.
@@ -226,7 +238,6 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
     lanes = min(threads, head_dim)        # threads across head_dim in the V pass
     slices = max(1, threads // lanes)     # ... times key slices: thread tid takes dims of lane tid % lanes
     dims = cdiv(head_dim, lanes)          # output dims per thread (1 on the GPU: head_dim 64, 128 threads)
-    k_row_stride = head_dim + 1           # padded: thread j reading K row j, dim d hits bank (j + d) % 32
     block_max = _block_reduce(True, threads)
     block_sum = _block_reduce(False, threads)
 
@@ -241,8 +252,6 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
         context_len = query_pos[t] + 1  # causal: keys 0..position
         # one shared array per line: the simulator aliases two declared on the same line
         q_scaled = cuda.shared.array(head_dim, np.float32)
-        k_tile = cuda.shared.array((key_chunk, k_row_stride), np.float32)
-        v_tile = cuda.shared.array((key_chunk, head_dim), np.float32)
         weights = cuda.shared.array(key_chunk, np.float32)  # the chunk's scores, then exp(score - m)
         rows = cuda.shared.array(key_chunk, np.int32)       # the chunk's pool rows
         reduce_buffer = cuda.shared.array(threads, np.float32)
@@ -255,53 +264,46 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
         for i in range(dims):
             acc[i] = np.float32(0.0)
         running_max = np.float32(-math.inf)
-        own_sum = np.float32(0.0)  # this thread's keys' weights; the block's sum is taken once, at the end
+        running_sum = np.float32(0.0)
+        cuda.syncthreads()
 
         for chunk_start in range(0, context_len, key_chunk):
             n_keys = min(key_chunk, context_len - chunk_start)
-            for j in range(tid, n_keys, threads):
-                key = chunk_start + j
-                rows[j] = block_tables[b, key // block_size] * block_size + key % block_size
-            cuda.syncthreads()
-            # 1. K and V rows of the chunk into shared memory: consecutive threads read consecutive floats
-            # of a row (coalesced), every thread's loads independent (in flight together)
-            for e in range(tid, key_chunk * head_dim, threads):
-                j = e // head_dim
-                d = e % head_dim
-                if j < n_keys:
-                    k_tile[j, d] = k_rows[rows[j], column + d]
-                    v_tile[j, d] = v_rows[rows[j], column + d]
-            cuda.syncthreads()
-            # 2. scores, a thread per key, and the block's new running max
+            # 1. scores: a thread per key
             chunk_max = np.float32(-math.inf)
             for j in range(tid, n_keys, threads):
+                key = chunk_start + j
+                row = block_tables[b, key // block_size] * block_size + key % block_size
+                rows[j] = row
                 score = np.float32(0.0)
                 for d in range(head_dim):
-                    score += q_scaled[d] * k_tile[j, d]
+                    score += q_scaled[d] * k_rows[row, column + d]
                 weights[j] = score
                 chunk_max = max(chunk_max, score)
+            # 2. the block's new running max; scores become weights exp(score - m), summed
             new_max = max(running_max, block_max(chunk_max, reduce_buffer, tid))  # finite: n_keys >= 1
-            rescale = np.float32(math.exp(running_max - new_max))  # 0 on the first chunk (running_max -inf)
-            own_sum *= rescale
+            chunk_sum = np.float32(0.0)
             for j in range(tid, n_keys, threads):
                 weight = np.float32(math.exp(weights[j] - new_max))
                 weights[j] = weight
-                own_sum += weight
+                chunk_sum += weight
+            rescale = np.float32(math.exp(running_max - new_max))  # 0 on the first chunk (running_max -inf)
+            running_sum = running_sum * rescale + block_sum(chunk_sum, reduce_buffer, tid)
             running_max = new_max
-            cuda.syncthreads()
-            # 3. acc += weights @ V: lanes across head_dim, slices across the chunk's keys
+            # 3. acc += weights @ V: lanes across head_dim (a warp reads consecutive floats of one row),
+            # slices across keys
             for i in range(dims):
                 acc[i] *= rescale
             if key_slice < slices:
                 for j in range(key_slice, n_keys, slices):
                     weight = weights[j]
+                    row = rows[j]
                     for i in range(dims):
                         d = lane + i * lanes
                         if d < head_dim:
-                            acc[i] += weight * v_tile[j, d]
-            cuda.syncthreads()  # nobody overwrites the tiles while another thread still reads them
+                            acc[i] += weight * v_rows[row, column + d]
+            cuda.syncthreads()  # nobody overwrites weights / rows while another thread still reads them
 
-        running_sum = block_sum(own_sum, reduce_buffer, tid)
         if key_slice < slices:
             for i in range(dims):
                 d = lane + i * lanes
@@ -314,6 +316,145 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
             for s in range(slices):
                 total += partial_out[s, d]
             out[t, h, d] = total * inv_sum
+
+    return kernel
+
+
+@functools.cache
+def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int):
+    """The GQA decode kernel for one shape: a block per (query, KV head) serves the group's query heads
+    from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops)."""
+    k_row_stride = head_dim + 1           # padded: thread j reading K row j, dim d hits bank (j + d) % 32
+    load_steps = cdiv(key_chunk * head_dim, threads)  # tile elements each thread copies
+    pair_steps = cdiv(group * key_chunk, threads)     # (head, key) scores each thread computes
+    out_steps = cdiv(group * head_dim, threads)       # (head, dim) outputs each thread accumulates
+    segments = min(group, threads)        # heads whose chunk max is reduced at once, each by a segment of
+    segment = threads // segments         # threads (threads past segments * segment idle)
+    head_rounds = cdiv(group, segments)
+
+    @jit
+    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out):
+        t = cuda.blockIdx.x
+        kv_head = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        first_head = kv_head * group
+        column = kv_head * head_dim  # this KV head's first column of a pool row
+        b = query_seq[t]
+        context_len = query_pos[t] + 1  # causal: keys 0..position
+        # one shared array per line: the simulator aliases two declared on the same line
+        q_scaled = cuda.shared.array((group, head_dim), np.float32)
+        k_tile = cuda.shared.array((key_chunk, k_row_stride), np.float32)
+        v_tile = cuda.shared.array((key_chunk, head_dim), np.float32)
+        weights = cuda.shared.array((group, key_chunk), np.float32)  # scores, then exp(score - m)
+        rows = cuda.shared.array(key_chunk, np.int32)                  # the chunk's pool rows
+        reduce_buffer = cuda.shared.array(threads, np.float32)
+        head_max = cuda.shared.array(group, np.float32)     # running max m per head
+        head_rescale = cuda.shared.array(group, np.float32)  # exp(m_old - m_new) of this chunk
+        own_sums = cuda.local.array(pair_steps, np.float32)
+        acc = cuda.local.array(out_steps, np.float32)
+        for e in range(tid, group * head_dim, threads):
+            q_scaled[e // head_dim, e % head_dim] = q[t, first_head + e // head_dim, e % head_dim] * scale
+        for g in range(tid, group, threads):
+            head_max[g] = np.float32(-math.inf)
+        for i in range(pair_steps):
+            own_sums[i] = np.float32(0.0)
+        for i in range(out_steps):
+            acc[i] = np.float32(0.0)
+        segment_head = tid // segment
+        segment_lane = tid % segment
+
+        for chunk_start in range(0, context_len, key_chunk):
+            n_keys = min(key_chunk, context_len - chunk_start)
+            for j in range(tid, n_keys, threads):
+                key = chunk_start + j
+                rows[j] = block_tables[b, key // block_size] * block_size + key % block_size
+            cuda.syncthreads()
+            # 1. K and V rows into shared memory, once for the whole group: consecutive threads read
+            # consecutive floats of a row (coalesced). Tile rows past the chunk's keys get a copy of its last
+            # key (never read), branch-free so the loads can all be issued before the stores.
+            last_key = n_keys - 1
+            for i in range(load_steps):
+                e = tid + i * threads
+                j = min(e // head_dim, key_chunk - 1)  # past the tile: the last row, with its own value
+                d = e % head_dim
+                row = rows[min(j, last_key)]
+                k_tile[j, d] = k_rows[row, column + d]
+                v_tile[j, d] = v_rows[row, column + d]
+            cuda.syncthreads()
+            # 2. scores: a thread per (head, key) pair
+            for i in range(pair_steps):
+                pair = tid + i * threads
+                g = pair // key_chunk
+                j = pair % key_chunk
+                if g < group and j < n_keys:
+                    score = np.float32(0.0)
+                    for d in range(head_dim):
+                        score += q_scaled[g, d] * k_tile[j, d]
+                    weights[g, j] = score
+            cuda.syncthreads()
+            # each head's chunk max: `segment` threads per head (heads in rounds when threads < group),
+            # then a tree within the segment
+            for head_round in range(head_rounds):
+                g = segment_head + head_round * segments
+                seg_max = np.float32(-math.inf)
+                if g < group:
+                    for j in range(segment_lane, n_keys, segment):
+                        seg_max = max(seg_max, weights[g, j])
+                reduce_buffer[tid] = seg_max
+                cuda.syncthreads()
+                size = segment
+                while size > 1:
+                    half = (size + 1) // 2
+                    if g < group and segment_lane < size - half:
+                        reduce_buffer[tid] = max(reduce_buffer[tid], reduce_buffer[tid + half])
+                    cuda.syncthreads()
+                    size = half
+                if g < group and segment_lane == 0:
+                    new_max = max(head_max[g], reduce_buffer[tid])  # finite: n_keys >= 1
+                    head_rescale[g] = np.float32(math.exp(head_max[g] - new_max))  # 0 on the first chunk
+                    head_max[g] = new_max
+                cuda.syncthreads()
+            # scores become weights exp(score - m); each thread sums its own (same pairs every chunk)
+            for i in range(pair_steps):
+                pair = tid + i * threads
+                g = pair // key_chunk
+                j = pair % key_chunk
+                if g < group:
+                    own_sums[i] *= head_rescale[g]
+                    if j < n_keys:
+                        weight = np.float32(math.exp(weights[g, j] - head_max[g]))
+                        weights[g, j] = weight
+                        own_sums[i] += weight
+            cuda.syncthreads()
+            # 3. acc += weights @ V: a thread per (head, dim) output, a warp reading consecutive dims of a row
+            for i in range(out_steps):
+                o = tid + i * threads
+                g = o // head_dim
+                if g < group:
+                    d = o % head_dim
+                    total = acc[i] * head_rescale[g]
+                    for j in range(n_keys):
+                        total += weights[g, j] * v_tile[j, d]
+                    acc[i] = total
+            cuda.syncthreads()  # nobody overwrites the tiles while another thread still reads them
+
+        # l per head: every thread's own sums through shared memory, added up by one thread per head
+        for i in range(pair_steps):
+            pair = tid + i * threads
+            if pair // key_chunk < group:
+                weights[pair // key_chunk, pair % key_chunk] = own_sums[i]
+        cuda.syncthreads()
+        for g in range(tid, group, threads):
+            total = np.float32(0.0)
+            for j in range(key_chunk):
+                total += weights[g, j]
+            head_max[g] = np.float32(1.0) / total  # reused: now 1 / l
+        cuda.syncthreads()
+        for i in range(out_steps):
+            o = tid + i * threads
+            g = o // head_dim
+            if g < group:
+                out[t, first_head + g, o % head_dim] = acc[i] * head_max[g]
 
     return kernel
 
@@ -640,6 +781,27 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
         kernel = paged_attention_split_keys_kernel(head_dim, block_size, SPLIT_THREADS, SPLIT_KEY_CHUNK)
         slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
         kernel[(num_queries, n_heads), SPLIT_THREADS, launch_stream()](
+            q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, query_seq, query_pos,
+            np.float32(scale), out)
+    return out
+
+
+def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
+    """Same contract as paged_attention_per_query, one block of GQA_DECODE_THREADS threads per (query, KV
+    head) serving all its query heads: each K/V row is read from memory once per group instead of once per
+    query head. The decode kernel for GPUs once the batch has enough (query, KV head) pairs to fill them."""
+    num_queries, n_heads, _ = q.shape
+    _check_pool(q, k_pool, v_pool, block_tables)
+    assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
+                                                                                     query_pos.shape)
+    assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
+    out = _output(q, out)
+    if num_queries > 0:
+        num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape
+        kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
+                                                   GQA_DECODE_THREADS, GQA_DECODE_KEY_CHUNK)
+        slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
+        kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
             q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, query_seq, query_pos,
             np.float32(scale), out)
     return out

@@ -26,7 +26,7 @@ def main():
     from tinyvllm.sampling_params import SamplingParams
     batches = [int(b) for b in args.batches.split(",")]
     blocks_per_seq = (args.prompt_len + 3 * args.steps + 16) // 16 + 1
-    engine = LLMEngine(args.model_dir, EngineConfig(num_blocks=max(batches) * blocks_per_seq + 64, max_model_len=1024,
+    engine = LLMEngine(args.model_dir, EngineConfig(num_blocks=max(batches) * blocks_per_seq + 64, max_model_len=max(1024, 16 * blocks_per_seq),
                                                     max_num_seqs=max(batches), max_num_batched_tokens=16384,
                                                     cuda_graphs=True))
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)

@@ -147,8 +147,8 @@ def test_gemm_blocked_split_k_matches_ref(rng, splits, in_features):
 def test_gemm_splits_fills_the_gpu_only_when_tiles_are_few():
     assert gemm_splits(4096, 2048, 16384) == 1  # 64 x 256 tiles already
     assert gemm_splits(256, 8192, 2048) == 4    # down_proj at a 256-decode: 4 x 32 tiles -> 512 blocks
-    assert gemm_splits(64, 8192, 2048) == 4     # ... and no slice under MIN_SPLIT_K = 2048
-    assert gemm_splits(256, 2048, 2048) == 1    # o_proj: K is one slice already
+    assert gemm_splits(256, 2048, 2048) == 4    # o_proj: slices of 512
+    assert gemm_splits(1, 512, 64) == 2         # never a slice under MIN_SPLIT_K = 256
 
 
 def test_gemm_blocked_reads_a_row_slice_of_a_bigger_weight(rng):

@@ -9,6 +9,7 @@ from kernels_numba.paged_attention import (
     GQA_SHARED_BYTES, QTILE, _gqa_shared_bytes, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
     paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
     paged_attention_prefill_gqa, paged_attention_split_keys, paged_attention_ref, write_kv_paged,
+    paged_attention_decode_gqa,
     write_kv_paged_ref)
 from tests.helpers import poisoned
 
@@ -151,8 +152,8 @@ def _stretch(step: Step, scale, q_gain, score_offset):
 
 def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled"):
     """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores.
-    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys" / "gqa": that
-    kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever the scenario."""
+    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys" / "decode_gqa" /
+    "gqa": that kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever the scenario."""
     decode = scenario == "decode"
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
                  shuffle=not decode)
@@ -176,8 +177,9 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
                                           tiles=tiles)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
                                    scale)
-    elif kernel in ("per_query", "split_keys"):  # one thread / one block per (query, head), same varlen queries
-        launch = paged_attention_per_query if kernel == "per_query" else paged_attention_split_keys
+    elif kernel in ("per_query", "split_keys", "decode_gqa"):  # varlen queries, one thread / block per (query, head)
+        launch = {"per_query": paged_attention_per_query, "split_keys": paged_attention_split_keys,  # or KV head
+                  "decode_gqa": paged_attention_decode_gqa}[kernel]
         got = launch(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
                      cuda.to_device(step.query_pos), scale, out=out)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
@@ -223,7 +225,8 @@ def test_per_query_kernel_serves_prefill_too(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="per_query")
 
 
-STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "split_keys") for scenario in ("decode", "chunked")]
+STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "split_keys", "decode_gqa")
+                   for scenario in ("decode", "chunked")]
 STABILITY_CASES.append(("chunked", "gqa"))
 
 
@@ -265,10 +268,28 @@ def test_split_keys_any_thread_count(rng, monkeypatch, threads):
 
 def test_split_keys_long_chunks_and_wide_heads(rng, monkeypatch):
     # head_dim 40 over 5 threads (8 dims each); chunks of 32 keys, so the 33-key context ends in a 1-key chunk
-    # (the tile rows past it keep the previous chunk's values and must not be read).
+    # (the weights and rows past it keep the previous chunk's values and must not be read).
     monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", 5)
     monkeypatch.setattr(paged_attention_module, "SPLIT_KEY_CHUNK", 32)
     _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
+
+
+# paged_attention_decode_gqa: group ratios 1, 2, 3 and 3 (LAYOUTS), so a block serves 1 to 3 query heads; in the
+# simulator 4 threads per block (segments of 4, 2 or 1 threads per head) and chunks of 8 keys.
+@pytest.mark.parametrize("scenario, layout", [
+    ("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
+    ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])])
+def test_decode_gqa_kernel_matches_ref(rng, scenario, layout):
+    _check(rng, scenario, *layout, kernel="decode_gqa")
+
+
+@pytest.mark.parametrize("threads, key_chunk", [(1, 8), (7, 5), (37, 32)])
+def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_chunk):
+    # 1 thread does everything; 7 threads over group 3: segments of 2 with an idle thread, and a chunk of 5
+    # that does not divide the tile work evenly; 37 threads: more than a chunk's (head, key) pairs.
+    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_THREADS", threads)
+    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_KEY_CHUNK", key_chunk)
+    _check(rng, "decode", *LAYOUTS[2], kernel="decode_gqa")
 
 
 @pytest.mark.parametrize("width", [None, 1, 5])  # None: the default, QTILE
@@ -307,6 +328,8 @@ def test_rejects_head_dim_beyond_local_accumulator():
         paged_attention_prefill(q, pool, pool, table, ones, ones, 1.0)
     with pytest.raises(AssertionError):
         paged_attention_split_keys(q, pool, pool, table, ones, ones, 1.0)
+    with pytest.raises(AssertionError):
+        paged_attention_decode_gqa(q, pool, pool, table, ones, ones, 1.0)
 
 
 # paged_attention_prefill_gqa. In the simulator its blocks are GQA_ROWS = 8 (query, head) rows (8 // group

@@ -26,8 +26,9 @@ from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.matmul import linear, linear_kernel_name
-from kernels_numba.paged_attention import (build_prefill_gqa_tiles, paged_attention_per_query,
-                                           paged_attention_prefill_gqa, paged_attention_split_keys, write_kv_paged)
+from kernels_numba.paged_attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
+                                           paged_attention_per_query, paged_attention_prefill_gqa,
+                                           paged_attention_split_keys, write_kv_paged)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
 
@@ -292,10 +293,11 @@ class ModelRunner:
         """Pick the attention kernel for this step: (q, k_pool, v_pool) -> out, and its name.
 
         In the simulator (where syncthreads are slow) one thread per (query, head) serves every step. On a
-        GPU, decode-only steps give each (query, head) a block whose threads split the keys, and steps with
-        prefill chunks use the kernel where a block owns a query tile for all query heads of one KV head and
-        walks key tiles through shared memory; its query tiles are built once for all layers
-        (DeviceBatch.prefill_tiles).
+        GPU, small decode-only steps give each (query, head) a block whose threads split the keys; once
+        (query, KV head) pairs alone fill the GPU (DECODE_GQA_MIN_BLOCKS), a block per pair serves the
+        group's query heads from one shared copy of each K/V chunk. Steps with prefill chunks use the kernel
+        where a block owns a query tile for all query heads of one KV head and walks key tiles through
+        shared memory; its query tiles are built once for all layers (DeviceBatch.prefill_tiles).
         """
         scale = self.attention_scale
         block_tables, query_seq, positions = batch.block_tables, batch.query_seq, batch.positions
@@ -303,6 +305,10 @@ class ModelRunner:
             def per_query(q, k_pool, v_pool):
                 return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
             return per_query, "paged_attention.paged_attention_per_query"
+        if batch.decode_only and query_seq.shape[0] * self.config.num_key_value_heads >= DECODE_GQA_MIN_BLOCKS:
+            def decode_gqa(q, k_pool, v_pool):
+                return paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
+            return decode_gqa, "paged_attention.paged_attention_decode_gqa"
         if batch.decode_only:
             def split_keys(q, k_pool, v_pool):
                 return paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
