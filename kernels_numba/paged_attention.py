@@ -83,6 +83,7 @@ GQA_DECODE_THREADS = 4 if SIMULATOR else 128
 DECODE_GQA_MIN_BLOCKS = 2 * 132
 GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64  # keys whose K and V rows sit in shared memory at once: 64 x 65
 #                                                + 64 x 64 floats, 33 KB (the static limit is 48)
+GQA_DECODE_LOADS_FIRST = False
 # prefill_gqa tile sizes (upper bounds: gqa_shape shrinks the tiles to fit the shared memory). A simulated
 # syncthreads costs ~2.5 ms per thread of the block, so the simulator gets 4-thread blocks and short tiles: the
 # same index math and phases, and its few-dozen-key tests still cross several query and key tiles.
@@ -321,9 +322,11 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
 
 
 @functools.cache
-def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int):
+def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int,
+                                      loads_first: bool):
     """The GQA decode kernel for one shape: a block per (query, KV head) serves the group's query heads
-    from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops)."""
+    from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops).
+    `loads_first`: a thread issues all its K/V loads of a chunk before storing any (more registers)."""
     k_row_stride = head_dim + 1           # padded: thread j reading K row j, dim d hits bank (j + d) % 32
     load_steps = cdiv(key_chunk * head_dim, threads)  # tile elements each thread copies
     pair_steps = cdiv(group * key_chunk, threads)     # (head, key) scores each thread computes
@@ -351,6 +354,8 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
         head_max = cuda.shared.array(group, np.float32)     # running max m per head
         head_rescale = cuda.shared.array(group, np.float32)  # exp(m_old - m_new) of this chunk
         own_sums = cuda.local.array(pair_steps, np.float32)
+        k_loaded = cuda.local.array(load_steps, np.float32)
+        v_loaded = cuda.local.array(load_steps, np.float32)
         acc = cuda.local.array(out_steps, np.float32)
         for e in range(tid, group * head_dim, threads):
             q_scaled[e // head_dim, e % head_dim] = q[t, first_head + e // head_dim, e % head_dim] * scale
@@ -372,14 +377,25 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
             # 1. K and V rows into shared memory, once for the whole group: consecutive threads read
             # consecutive floats of a row (coalesced). Tile rows past the chunk's keys get a copy of its last
             # key (never read), branch-free so the loads can all be issued before the stores.
-            last_key = n_keys - 1
-            for i in range(load_steps):
-                e = tid + i * threads
-                j = min(e // head_dim, key_chunk - 1)  # past the tile: the last row, with its own value
-                d = e % head_dim
-                row = rows[min(j, last_key)]
-                k_tile[j, d] = k_rows[row, column + d]
-                v_tile[j, d] = v_rows[row, column + d]
+            last_key = _ix(n_keys - 1)
+            if loads_first:  # all loads into registers, then all stores: one memory round trip per chunk
+                for i in range(load_steps):
+                    e = _ix(tid) + _ix(i * threads)
+                    row = _ix(rows[min(e // _ix(head_dim), last_key)])
+                    k_loaded[i] = k_rows[row, _ix(column) + e % _ix(head_dim)]
+                    v_loaded[i] = v_rows[row, _ix(column) + e % _ix(head_dim)]
+                for i in range(load_steps):
+                    e = _ix(tid) + _ix(i * threads)
+                    j = min(e // _ix(head_dim), _ix(key_chunk - 1))  # past the tile: the last row, own value
+                    k_tile[j, e % _ix(head_dim)] = k_loaded[i]
+                    v_tile[j, e % _ix(head_dim)] = v_loaded[i]
+            else:  # load, store, load, ...: few registers, the compiler overlaps a few elements at a time
+                for i in range(load_steps):
+                    e = _ix(tid) + _ix(i * threads)
+                    j = min(e // _ix(head_dim), _ix(key_chunk - 1))
+                    row = _ix(rows[min(j, last_key)])
+                    k_tile[j, e % _ix(head_dim)] = k_rows[row, _ix(column) + e % _ix(head_dim)]
+                    v_tile[j, e % _ix(head_dim)] = v_rows[row, _ix(column) + e % _ix(head_dim)]
             cuda.syncthreads()
             # 2. scores: a thread per (head, key) pair
             for i in range(pair_steps):
@@ -799,7 +815,7 @@ def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query
     if num_queries > 0:
         num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape
         kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
-                                                   GQA_DECODE_THREADS, GQA_DECODE_KEY_CHUNK)
+                                                   GQA_DECODE_THREADS, GQA_DECODE_KEY_CHUNK, GQA_DECODE_LOADS_FIRST)
         slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
         kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
             q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, query_seq, query_pos,

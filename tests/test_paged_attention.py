@@ -283,12 +283,14 @@ def test_decode_gqa_kernel_matches_ref(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="decode_gqa")
 
 
-@pytest.mark.parametrize("threads, key_chunk", [(1, 8), (7, 5), (37, 32)])
-def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_chunk):
+@pytest.mark.parametrize("threads, key_chunk, loads_first", [(1, 8, False), (7, 5, True), (37, 32, False), (4, 8, True)])
+def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_chunk, loads_first):
     # 1 thread does everything; 7 threads over group 3: segments of 2 with an idle thread, and a chunk of 5
-    # that does not divide the tile work evenly; 37 threads: more than a chunk's (head, key) pairs.
+    # that does not divide the tile work evenly; 37 threads: more than a chunk's (head, key) pairs. Both
+    # ways of loading the K/V tiles.
     monkeypatch.setattr(paged_attention_module, "GQA_DECODE_THREADS", threads)
     monkeypatch.setattr(paged_attention_module, "GQA_DECODE_KEY_CHUNK", key_chunk)
+    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_LOADS_FIRST", loads_first)
     _check(rng, "decode", *LAYOUTS[2], kernel="decode_gqa")
 
 

@@ -1,0 +1,60 @@
+"""Decode attention variants on the H200: split_keys and decode_gqa (key chunk x load order), KV GB/s.
+
+    python scripts/sweep_decode_attention.py [--cases 1x512,64x512,256x1024]
+Each case is BATCHxCONTEXT on Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head_dim 64,
+blocks of 16, shuffled block tables); time per launch by CUDA events, and the KV bytes each kernel must
+read at least once (batch x context x K and V rows of 8 x 64 float32) per second.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="1x512,64x512,256x1024")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    from numba import cuda
+    import kernels_numba.paged_attention as pa
+    from sweep_gemv import time_launches  # scripts/ is on the path when a script runs
+    rng = np.random.default_rng(0)
+    for case in args.cases.split(","):
+        batch, context = (int(v) for v in case.split("x"))
+        blocks_per_seq = -(-context // BLOCK_SIZE)
+        num_blocks = batch * blocks_per_seq
+        pool_shape = (num_blocks, BLOCK_SIZE, N_KV_HEADS, HEAD_DIM)
+        k_pool = cuda.to_device(rng.standard_normal(pool_shape, np.float32))
+        v_pool = cuda.to_device(rng.standard_normal(pool_shape, np.float32))
+        tables = cuda.to_device(rng.permutation(num_blocks).astype(np.int32).reshape(batch, blocks_per_seq))
+        q = cuda.to_device(rng.standard_normal((batch, N_HEADS, HEAD_DIM), np.float32))
+        seqs = cuda.to_device(np.arange(batch, dtype=np.int32))
+        positions = cuda.to_device(np.full(batch, context - 1, np.int32))
+        out = cuda.device_array((batch, N_HEADS, HEAD_DIM), np.float32)
+        kv_bytes = batch * context * 2 * N_KV_HEADS * HEAD_DIM * 4
+        reference = None
+        variants = [("split_keys", None, None)] + [("decode_gqa", chunk, first) for chunk in (16, 32, 64)
+                                                   for first in (False, True)]
+        for name, chunk, first in variants:
+            if name == "split_keys":
+                launch = lambda: pa.paged_attention_split_keys(q, k_pool, v_pool, tables, seqs, positions, 0.125, out)
+            else:
+                pa.GQA_DECODE_KEY_CHUNK, pa.GQA_DECODE_LOADS_FIRST = chunk, first
+                launch = lambda: pa.paged_attention_decode_gqa(q, k_pool, v_pool, tables, seqs, positions, 0.125, out)
+            seconds = time_launches(launch, args.repeats)
+            result = out.copy_to_host()
+            reference = result if reference is None else reference
+            err = float(np.abs(result - reference).max())
+            label = name if chunk is None else f"{name} chunk {chunk:2d} loads_first={first!s:5}"
+            print(f"batch {batch:3d} context {context:5d}  {label:<40} {seconds * 1e6:9.1f} us "
+                  f"{kv_bytes / seconds / 1e9:7.1f} GB/s  (max diff vs split_keys {err:.1e})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
