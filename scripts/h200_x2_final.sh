@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Two H200s of one host, at the same time: GPU 0 runs tinyvllm (GPU tests, linear crossover, decode
-# profile, bench latency/prefill/kernels/throughput), GPU 1 runs the 1B-shaped comparison with HF and the
+# Two H200s of one host, at the same time: GPU 0 runs tinyvllm (GPU tests, decode profile, bench
+# latency/prefill/kernels/throughput), GPU 1 runs the 1B-shaped comparison with HF and the
 # same bench workloads through HF only; then one merged report (ratios) from both bench.json files.
 #   bash scripts/h200_x2_final.sh    (logs under $OUT)
 set -uo pipefail
@@ -19,13 +19,10 @@ python3 -c "from pathlib import Path; from tinyvllm.bench import prepare_random_
   echo "hf bench rc=$?" >> "$OUT/gpu1_status.log"
 ) &
 export CUDA_VISIBLE_DEVICES=0
-TINYVLLM_TEST_GPU=1 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_matmul.py tests/test_cuda_graphs.py > "$OUT/gpu_tests.log" 2>&1
+TINYVLLM_TEST_GPU=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_matmul.py tests/test_paged_attention.py \
+  tests/test_cuda_graphs.py > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -3
-timeout 40 python3 scripts/crossover_linear.py > "$OUT/crossover.log" 2>&1; echo "crossover rc=$?"; cat "$OUT/crossover.log"
-CROSS=$(grep -o "crossover=[0-9]*" "$OUT/crossover.log" | cut -d= -f2)
-if [ -n "$CROSS" ] && [ "$CROSS" -gt 0 ]; then export TINYVLLM_MAX_COALESCED_TOKENS=$CROSS; fi
-echo "TINYVLLM_MAX_COALESCED_TOKENS=${TINYVLLM_MAX_COALESCED_TOKENS:-default}"
-timeout 50 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$OUT/profile_decode.log" 2>&1
+timeout 90 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$OUT/profile_decode.log" 2>&1
 echo "profile rc=$?"; grep -E "decode step|captured" "$OUT/profile_decode.log"
 timeout 380 python3 -m tinyvllm.bench $BENCH_ARGS --max-seconds 150 --out "$OUT/bench-tinyvllm" > "$OUT/bench-tinyvllm.log" 2>&1
 echo "tinyvllm bench rc=$?"; grep -E "output tok/s|stopped|TTFT|captured" "$OUT/bench-tinyvllm.log" | tail -12
@@ -37,5 +34,5 @@ python3 -m tinyvllm.bench --merge "$OUT/bench-tinyvllm/bench.json" "$OUT/bench-h
 # The device tool returns only a few files per call: everything in one archive, plus the four key logs.
 tar czf /tmp/all-results.tgz -C "$OUT" . && mv /tmp/all-results.tgz "$OUT"/ && \
   ( cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name all-results.tgz ! -name profile_decode.log \
-      ! -name bench-merged.log ! -name crossover.log ! -name gpu_compare.log -exec rm -rf {} + )
+      ! -name bench-merged.log ! -name bench-tinyvllm.log ! -name gpu_compare.log -exec rm -rf {} + )
 ls "$OUT"
