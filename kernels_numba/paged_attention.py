@@ -747,6 +747,12 @@ def _check_pool(q, k_pool, v_pool, block_tables):
     assert block_tables.ndim == 2 and block_tables.dtype == np.int32, (block_tables.shape, block_tables.dtype)
 
 
+def _check_queries(num_queries, query_seq, query_pos):
+    assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
+                                                                                     query_pos.shape)
+    assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
+
+
 def _output(q, out):
     out = device_empty(q.shape, np.float32) if out is None else out
     assert out.shape == q.shape and out.dtype == np.float32, (out.shape, out.dtype)
@@ -770,9 +776,7 @@ def paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, query_
     Serves decode (one query per sequence) and, where syncthreads are dear (the simulator), prefill."""
     num_queries, n_heads, _ = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
-    assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
-                                                                                     query_pos.shape)
-    assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
+    _check_queries(num_queries, query_seq, query_pos)
     out = _output(q, out)
     if num_queries > 0:
         blocks, threads = grid_stride_launch(num_queries * n_heads, THREADS)
@@ -787,9 +791,7 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
     kernel for GPUs, where per_query leaves most of the chip idle."""
     num_queries, n_heads, _ = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
-    assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
-                                                                                     query_pos.shape)
-    assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
+    _check_queries(num_queries, query_seq, query_pos)
     assert SPLIT_THREADS >= 1, f"SPLIT_THREADS {SPLIT_THREADS}"
     out = _output(q, out)
     if num_queries > 0:
@@ -808,9 +810,7 @@ def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query
     query head. The decode kernel for GPUs once the batch has enough (query, KV head) pairs to fill them."""
     num_queries, n_heads, _ = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
-    assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
-                                                                                     query_pos.shape)
-    assert query_seq.dtype == np.int32 and query_pos.dtype == np.int32, (query_seq.dtype, query_pos.dtype)
+    _check_queries(num_queries, query_seq, query_pos)
     out = _output(q, out)
     if num_queries > 0:
         num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape

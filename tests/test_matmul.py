@@ -5,7 +5,7 @@ from kernels_numba.bf16 import bf16_to_f32_ref, f32_to_bf16_ref
 from kernels_numba.common import cuda
 from kernels_numba import matmul
 from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_PASS_TOKENS, COALESCED_ROWS,
-                                  GEMV_ROWS, MAX_COALESCED_TOKENS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemm_splits, gemv,
+                                  GEMV_ROWS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemm_splits, gemv,
                                   gemv_coalesced, linear, linear_kernel_name, linear_ref)
 from tests.helpers import poisoned
 
@@ -162,13 +162,16 @@ def test_gemm_blocked_reads_a_row_slice_of_a_bigger_weight(rng):
 def test_linear_kernel_name_picks_gemm_blocked_for_prefill_on_a_gpu(monkeypatch):
     if matmul.SIMULATOR:
         assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64) == "gemv"  # the simulator: gemv in chunks
+    # the GPU's limits (the simulator's MAX_GEMV_TOKENS is 32, which would leave no room between the two)
     monkeypatch.setattr(matmul, "SIMULATOR", False)
-    assert linear_kernel_name(MAX_GEMV_TOKENS, 64) == "gemv_coalesced"
-    assert linear_kernel_name(MAX_GEMV_TOKENS, 63) == "gemv"
-    assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64) == "gemv_coalesced"  # in passes of 8 tokens
-    assert linear_kernel_name(MAX_COALESCED_TOKENS, 64) == "gemv_coalesced"
-    assert linear_kernel_name(MAX_COALESCED_TOKENS + 1, 64) == "gemm_blocked"
-    assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 63) == "gemm_blocked"
+    monkeypatch.setattr(matmul, "MAX_GEMV_TOKENS", 8)
+    monkeypatch.setattr(matmul, "MAX_COALESCED_TOKENS", 32)
+    assert linear_kernel_name(8, 64) == "gemv_coalesced"
+    assert linear_kernel_name(8, 63) == "gemv"             # odd K: no word view for gemv_coalesced
+    assert linear_kernel_name(9, 64) == "gemv_coalesced"   # in passes of tokens
+    assert linear_kernel_name(32, 64) == "gemv_coalesced"
+    assert linear_kernel_name(33, 64) == "gemm_blocked"
+    assert linear_kernel_name(9, 63) == "gemm_blocked"
     assert linear_kernel_name(512, 63) == "gemm_blocked"
 
 
