@@ -1,10 +1,13 @@
 """Where gemv_coalesced (token passes, weights re-read from L2) stops beating gemm_blocked (64x64 tiles).
 
     python scripts/crossover_linear.py [--tokens 16,32,64,128,256,512,2048]
-Times gemv_coalesced and gemm_blocked (also without split-K, and with 8x8 micro-tiles) on one Llama-3.2-1B layer's projections (q|k|v, o, gate|up, down) with CUDA events
-and prints ms per layer for each token count, and each projection's ms and TFLOP/s (so a kernel that
-leaves SMs idle on the narrow projections shows); the last line is `crossover=T`: the largest token count
-at which gemv_coalesced is still faster (the value for TINYVLLM_MAX_COALESCED_TOKENS).
+Times gemv_coalesced and gemm_blocked (also without split-K, and with 8x8 micro-tiles) on one
+Llama-3.2-1B layer's projections (q|k|v, o, gate|up, down) with CUDA events and prints ms per layer for
+each token count, and each projection's ms and TFLOP/s (so a kernel that leaves SMs idle on the narrow
+projections shows); the last line is `crossover=T`: the largest token count at which gemv_coalesced is
+still faster (the value for TINYVLLM_MAX_COALESCED_TOKENS). The launches are timed back to back from
+Python, so a kernel shorter than a launch's host cost (tens of microseconds on the H200's host) is timed
+at that cost: split-K's extra launch looks dearer here than inside a CUDA graph.
 """
 import argparse
 import functools

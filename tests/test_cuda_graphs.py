@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import BufferArena, device_empty, launching_into
+from kernels_numba.sampling import argmax_ref
 from tinyvllm.cuda_graphs import CapturedDecode, buckets_up_to
 from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.model import load_model
@@ -45,6 +46,20 @@ def test_graph_engine_matches_eager_engine_greedy_and_seeded(model):
     assert graphed_engine.decode_graphs.captured_buckets == [2, 4]
 
 
+def test_graph_engine_suppresses_stop_tokens_before_min_tokens(model):
+    # The graph computes each row's argmax before any suppression; a step with a suppressed token must not
+    # use it. Stop on the token greedy decoding picks third (a decode step), but only after 5 tokens.
+    free = engine(model, cuda_graphs=False).generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=6,
+                                                                                 ignore_eos=True))[0]
+    stop = free.token_ids[2]
+    assert stop not in free.token_ids[:2], "pick a prompt whose third greedy token is new"
+    params = SamplingParams(temperature=0.0, max_tokens=6, min_tokens=5, stop_token_ids=[stop], ignore_eos=True)
+    eager = engine(model, cuda_graphs=False).generate(PROMPTS[:1], params)[0]
+    graphed = engine(model, cuda_graphs=True, max_num_seqs=1).generate(PROMPTS[:1], params)[0]
+    assert graphed.token_ids == eager.token_ids
+    assert stop not in eager.token_ids[:5]
+
+
 def _decode_batch(rng, rows, block_size=4, blocks_per_seq=3):
     """`rows` decode queries at random positions with disjoint, shuffled blocks (KV contents are
     whatever the pool holds: both paths read the same pool)."""
@@ -62,11 +77,13 @@ def test_a_replay_with_new_inputs_equals_the_eager_forward(model, rng):
     captured = CapturedDecode(e.runner, bucket=4, max_blocks_per_seq=5)
     for rows in (3, 4, 1):
         batch = _decode_batch(rng, rows)
-        graphed = captured.run(batch).copy_to_host()
+        graphed_logits, graphed_ids = captured.run(batch)
+        graphed, graphed_ids = graphed_logits.copy_to_host(), graphed_ids.copy_to_host()
         # the eager path writes the same K/V into the pool first, so both read identical caches
         eager = e.runner.forward(batch).copy_to_host()
         assert graphed.shape == eager.shape == (rows, model.config.vocab_size)
         np.testing.assert_array_equal(graphed, eager)
+        np.testing.assert_array_equal(graphed_ids, argmax_ref(eager))
 
 
 def test_the_arena_hands_back_the_recorded_buffers_in_order():

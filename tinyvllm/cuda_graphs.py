@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from kernels_numba.common import SIMULATOR, BufferArena, cuda, launching_into
+from kernels_numba.sampling import argmax
 
 from .model_runner import DeviceBatch, ForwardBatch, ModelRunner, pack_int32, unpack
 
@@ -46,20 +47,23 @@ class CapturedDecode:
         self._batch = DeviceBatch(token_ids, positions, query_seq, slots, tables, decode_only=True)
         assert tables.shape == (B, W)
         self._arena = BufferArena()
-        self.logits = self._forward(0)  # eager: compiles every kernel, records every buffer
+        self.logits, self.greedy_ids = self._forward(0)  # eager: compiles every kernel, records every buffer
         cuda.synchronize()
         self._graph = None if SIMULATOR else self._capture()
 
     def _forward(self, stream):
-        """The forward pass over the static inputs, launched on `stream`, its outputs from the arena (recorded
-        the first time, the same buffers after)."""
+        """The forward pass over the static inputs and each row's argmax, launched on `stream`, their outputs
+        from the arena (recorded the first time, the same buffers after). The argmax is part of the graph so
+        that an all-greedy step launches nothing else (from Python, a launch costs more than the kernel)."""
         recorded = bool(self._arena.buffers)
         if recorded:
             self._arena.rewind()
         with cuda.defer_cleanup(), launching_into(stream, self._arena):
             logits = self.runner.device_forward(self._batch)
-        assert not recorded or logits is self.logits, "the step wrote its logits somewhere else"
-        return logits
+            greedy_ids = argmax(logits)
+        assert not recorded or (logits is self.logits and greedy_ids is self.greedy_ids), (
+            "the step wrote its outputs somewhere else")
+        return logits, greedy_ids
 
     def _capture(self):
         from cuda.core import Device, Stream
@@ -83,16 +87,16 @@ class CapturedDecode:
         tables[T:, 0] = 0
         return [token_ids, positions, np.arange(B, dtype=np.int32), slots, tables]
 
-    def run(self, batch: ForwardBatch):
-        """Run the step for `batch` (decode-only, logits for every row): the logits device array [T, vocab],
-        valid until the next run of this bucket."""
+    def run(self, batch: ForwardBatch) -> tuple:
+        """Run the step for `batch` (decode-only, logits for every row): device arrays of the logits
+        [T, vocab] and of each row's argmax [T], valid until the next run of this bucket."""
         pack_int32(self._inputs(batch), out=self._host)
         self._device.copy_to_device(self._host)
         if self._graph is not None:
             self._graph.launch(self._stream)
         else:
             self._forward(0)
-        return self.logits[:batch.num_tokens]
+        return self.logits[:batch.num_tokens], self.greedy_ids[:batch.num_tokens]
 
 
 class DecodeGraphs:

@@ -222,14 +222,15 @@ class LLMEngine:
         if not schedule.is_empty:
             batch = self._build_batch(schedule)
             self.last_batch = batch
+            greedy_ids = None  # each row's argmax, when the step computed it already (a graph replay)
             if graphs and not all_logits and self.decode_graphs and self.decode_graphs.can_run(batch):
-                logits = self.decode_graphs.run(batch)
+                logits, greedy_ids = self.decode_graphs.run(batch)
             else:
                 logits = yield from self.runner.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
             if all_logits:
                 logits = take_rows(logits, cuda.to_device(batch.logits_rows))
             sampling = [s.seq for s in schedule.scheduled if s.samples]
-            new_tokens = self._sample(logits, sampling) if sampling else []
+            new_tokens = self._sample(logits, sampling, greedy_ids) if sampling else []
             self.scheduler.update(schedule, {seq.seq_id: t for seq, t in zip(sampling, new_tokens)})
             now = time.perf_counter()
             for seq in sampling:
@@ -310,7 +311,9 @@ class LLMEngine:
         block_tables = np.array([t + [-1] * (width - len(t)) for t in tables], np.int32)
         return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, logits_rows)
 
-    def _sample(self, logits, seqs: list[Sequence]) -> list[int]:
+    def _sample(self, logits, seqs: list[Sequence], greedy_ids=None) -> list[int]:
+        """The next token of each row; `greedy_ids`: the rows' argmax if already computed (valid only while
+        no token is suppressed)."""
         params = [seq.data.params for seq in seqs]
         suppressed_rows, suppressed_ids = [], []
         for row, (seq, p) in enumerate(zip(seqs, params)):
@@ -321,8 +324,9 @@ class LLMEngine:
         if suppressed_rows:
             suppress_tokens(logits, cuda.to_device(np.array(suppressed_rows, np.int32)),
                             cuda.to_device(np.array(suppressed_ids, np.int32)))
+            greedy_ids = None  # computed before the suppression
         if all(p.temperature == 0 for p in params):  # sample's T = 0 rows are argmax's answer: skip its inputs
-            return argmax(logits).copy_to_host().tolist()
+            return (argmax(logits) if greedy_ids is None else greedy_ids).copy_to_host().tolist()
         ids = sample(logits,
                      cuda.to_device(np.array([p.temperature for p in params], np.float32)),
                      cuda.to_device(np.array([p.top_k for p in params], np.int32)),
