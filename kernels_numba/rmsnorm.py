@@ -48,13 +48,30 @@ def _row_norm_kernel(add_residual: bool):
         scale = cuda.shared.array(1, np.float32)
         for row in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
             acc = np.float32(0.0)
-            for col in range(tid, hidden, n_threads):
+            # Four columns at a time, all loads before any store (h may be x: the compiler cannot move a
+            # load above a store to it), so a thread waits for memory once per four columns; the sum keeps
+            # the one-column loop's order. The remainder column by column.
+            col = tid
+            while col + 3 * n_threads < hidden:
+                c1, c2, c3 = col + n_threads, col + 2 * n_threads, col + 3 * n_threads
+                v0, v1, v2, v3 = x[row, col], x[row, c1], x[row, c2], x[row, c3]
+                if add_residual:
+                    v0, v1 = v0 + residual[row, col], v1 + residual[row, c1]
+                    v2, v3 = v2 + residual[row, c2], v3 + residual[row, c3]
+                    h[row, col], h[row, c1], h[row, c2], h[row, c3] = v0, v1, v2, v3  # read back by this thread
+                acc += v0 * v0
+                acc += v1 * v1
+                acc += v2 * v2
+                acc += v3 * v3
+                col += 4 * n_threads
+            while col < hidden:
                 if add_residual:
                     v = x[row, col] + residual[row, col]
                     h[row, col] = v  # read back below by this same thread: no barrier needed
                 else:
                     v = x[row, col]
                 acc += v * v
+                col += n_threads
             partial[tid] = acc
             cuda.syncthreads()
 
@@ -70,8 +87,18 @@ def _row_norm_kernel(add_residual: bool):
             cuda.syncthreads()
 
             s = scale[0]
-            for col in range(tid, hidden, n_threads):
+            col = tid
+            while col + 3 * n_threads < hidden:  # as above: loads first (out may be x or h)
+                c1, c2, c3 = col + n_threads, col + 2 * n_threads, col + 3 * n_threads
+                h0, h1, h2, h3 = h[row, col], h[row, c1], h[row, c2], h[row, c3]
+                w0, w1 = bf16_to_f32(weight[col]), bf16_to_f32(weight[c1])
+                w2, w3 = bf16_to_f32(weight[c2]), bf16_to_f32(weight[c3])
+                out[row, col], out[row, c1] = w0 * (h0 * s), w1 * (h1 * s)
+                out[row, c2], out[row, c3] = w2 * (h2 * s), w3 * (h3 * s)
+                col += 4 * n_threads
+            while col < hidden:
                 out[row, col] = bf16_to_f32(weight[col]) * (h[row, col] * s)
+                col += n_threads
             cuda.syncthreads()  # every thread has read scale[0] before the next row's thread 0 rewrites it
 
     return kernel
