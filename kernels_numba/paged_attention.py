@@ -77,6 +77,11 @@ SPLIT_THREADS = 4 if SIMULATOR else 128  # threads sharing one (query, head); ea
 #                                          milliseconds in the simulator
 SPLIT_KEY_CHUNK = 8 if SIMULATOR else 256  # keys whose weights sit in shared memory at once (the simulator's
 #                                            few-dozen-key tests cross several chunks)
+# split_keys partitions the keys of each (query, head) over several blocks while there are fewer than
+# SPLIT_PARTITION_BELOW_BLOCKS (query, head) pairs (2 blocks per SM of an H200: decode batches up to 8 on
+# Llama-3.2-1B); PARTITION_KEYS keys each (the simulator's 33-key tests cross 3 partitions).
+SPLIT_PARTITION_BELOW_BLOCKS = 2 * 132
+PARTITION_KEYS = 16 if SIMULATOR else 64
 GQA_DECODE_THREADS = 4 if SIMULATOR else 128
 # The runner's switch from split_keys (T x n_heads blocks) to decode_gqa (T x n_kv_heads blocks): 2 blocks
 # per SM of an H200, from a decode batch of 33 on Llama-3.2-1B.
@@ -233,9 +238,12 @@ def _block_reduce(take_max: bool, threads: int):
 
 
 @functools.cache
-def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: int, key_chunk: int):
+def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: int, key_chunk: int,
+                                      partitioned: bool):
     """The split-keys decode kernel for one shape (compile-time constants: shared arrays are sized by them
-    and the loops over them unroll)."""
+    and the loops over them unroll). `partitioned`: block z of the grid takes keys [z * partition_keys,
+    (z + 1) * partition_keys) only and writes its unnormalised (m, l, acc) for combine_partitions_kernel;
+    otherwise one block takes the whole context and writes the output."""
     lanes = min(threads, head_dim)        # threads across head_dim in the V pass
     slices = max(1, threads // lanes)     # ... times key slices: thread tid takes dims of lane tid % lanes
     dims = cdiv(head_dim, lanes)          # output dims per thread (1 on the GPU: head_dim 64, 128 threads)
@@ -243,14 +251,18 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
     block_sum = _block_reduce(False, threads)
 
     @jit
-    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out):
+    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, partition_keys, out,
+               part_max, part_sum, part_acc):
         t = cuda.blockIdx.x
         h = cuda.blockIdx.y
+        partition = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         n_kv_heads = k_rows.shape[1] // head_dim
         column = (h // (q.shape[1] // n_kv_heads)) * head_dim  # this KV head's first column of a pool row
         b = query_seq[t]
         context_len = query_pos[t] + 1  # causal: keys 0..position
+        keys_begin = partition * partition_keys
+        keys_end = min(context_len, keys_begin + partition_keys)  # <= keys_begin: a partition past the context
         # one shared array per line: the simulator aliases two declared on the same line
         q_scaled = cuda.shared.array(head_dim, np.float32)
         weights = cuda.shared.array(key_chunk, np.float32)  # the chunk's scores, then exp(score - m)
@@ -268,8 +280,8 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
         running_sum = np.float32(0.0)
         cuda.syncthreads()
 
-        for chunk_start in range(0, context_len, key_chunk):
-            n_keys = min(key_chunk, context_len - chunk_start)
+        for chunk_start in range(keys_begin, keys_end, key_chunk):
+            n_keys = min(key_chunk, keys_end - chunk_start)
             # 1. scores: a thread per key
             chunk_max = np.float32(-math.inf)
             for j in range(tid, n_keys, threads):
@@ -329,14 +341,45 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
                 if d < head_dim:
                     partial_out[key_slice, d] = acc[i]
         cuda.syncthreads()
-        inv_sum = np.float32(1.0) / running_sum
-        for d in range(tid, head_dim, threads):
-            total = np.float32(0.0)
-            for s in range(slices):
-                total += partial_out[s, d]
-            out[t, h, d] = total * inv_sum
+        if partitioned:  # m = -inf, l = 0, acc = 0 for a partition without keys: it weighs nothing
+            if tid == 0:
+                part_max[t, h, partition] = running_max
+                part_sum[t, h, partition] = running_sum
+            for d in range(tid, head_dim, threads):
+                total = np.float32(0.0)
+                for s in range(slices):
+                    total += partial_out[s, d]
+                part_acc[t, h, partition, d] = total
+        else:
+            inv_sum = np.float32(1.0) / running_sum
+            for d in range(tid, head_dim, threads):
+                total = np.float32(0.0)
+                for s in range(slices):
+                    total += partial_out[s, d]
+                out[t, h, d] = total * inv_sum
 
     return kernel
+
+
+@jit
+def combine_partitions_kernel(part_max, part_sum, part_acc, out):
+    """out[t, h] = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p, M = max_p m_p: the partitions' online
+    softmax states merged (partition 0 always holds key 0, so M is finite); a thread per output element."""
+    num_queries, n_heads, partitions, head_dim = part_acc.shape
+    for i in range(cuda.grid(1), num_queries * n_heads * head_dim, cuda.gridsize(1)):
+        t = i // (n_heads * head_dim)
+        h = (i // head_dim) % n_heads
+        d = i % head_dim
+        overall_max = np.float32(-math.inf)
+        for p in range(partitions):
+            overall_max = max(overall_max, part_max[t, h, p])
+        total_sum = np.float32(0.0)
+        total = np.float32(0.0)
+        for p in range(partitions):
+            weight = np.float32(math.exp(part_max[t, h, p] - overall_max))  # 0 for an empty partition
+            total_sum += part_sum[t, h, p] * weight
+            total += part_acc[t, h, p, d] * weight
+        out[t, h, d] = total / total_sum
 
 
 @functools.cache
@@ -814,12 +857,36 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
     out = _output(q, out)
     if num_queries > 0:
         num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape
-        kernel = paged_attention_split_keys_kernel(head_dim, block_size, SPLIT_THREADS, SPLIT_KEY_CHUNK)
+        max_context = block_tables.shape[1] * block_size  # what the block tables can address: static per graph
+        partitions = split_partitions(num_queries, n_heads, max_context)
+        partition_keys = cdiv(max_context, partitions)
+        kernel = paged_attention_split_keys_kernel(head_dim, block_size, SPLIT_THREADS, SPLIT_KEY_CHUNK,
+                                                   partitions > 1)
         slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
-        kernel[(num_queries, n_heads), SPLIT_THREADS, launch_stream()](
+        if partitions > 1:
+            part_max = device_empty((num_queries, n_heads, partitions), np.float32)
+            part_sum = device_empty((num_queries, n_heads, partitions), np.float32)
+            part_acc = device_empty((num_queries, n_heads, partitions, head_dim), np.float32)
+        else:  # unused: any float32 arrays of the right rank
+            part_max = part_sum = out
+            part_acc = out.reshape((num_queries, n_heads, 1, head_dim))
+        kernel[(num_queries, n_heads, partitions), SPLIT_THREADS, launch_stream()](
             q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, query_seq, query_pos,
-            np.float32(scale), out)
+            np.float32(scale), partition_keys, out, part_max, part_sum, part_acc)
+        if partitions > 1:
+            blocks, threads = grid_stride_launch(out.size, THREADS)
+            combine_partitions_kernel[blocks, threads, launch_stream()](part_max, part_sum, part_acc, out)
     return out
+
+
+def split_partitions(num_queries: int, n_heads: int, max_context: int) -> int:
+    """How many key partitions split_keys cuts each (query, head) into: one when the (query, head) blocks
+    alone reach SPLIT_PARTITION_BELOW_BLOCKS; else enough partitions of PARTITION_KEYS to cover max_context
+    (flash-decoding: a batch-1 decode's 32 blocks would leave 100 of the H200's SMs idle, and each block
+    would walk the whole context alone)."""
+    if num_queries * n_heads >= SPLIT_PARTITION_BELOW_BLOCKS:
+        return 1
+    return max(1, cdiv(max_context, PARTITION_KEYS))
 
 
 def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):

@@ -9,7 +9,7 @@ from kernels_numba.paged_attention import (
     GQA_SHARED_BYTES, QTILE, _gqa_shared_bytes, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
     paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
     paged_attention_prefill_gqa, paged_attention_split_keys, paged_attention_ref, write_kv_paged,
-    paged_attention_decode_gqa,
+    paged_attention_decode_gqa, split_partitions,
     write_kv_paged_ref)
 from tests.helpers import poisoned
 
@@ -266,11 +266,30 @@ def test_split_keys_any_thread_count(rng, monkeypatch, threads):
     _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
 
 
+@pytest.mark.parametrize("partition_below, partition_keys", [(0, 16), (10**6, 4), (10**6, 64)])
+def test_split_keys_with_and_without_partitions(rng, monkeypatch, partition_below, partition_keys):
+    # (0, _): one block per (query, head) over its whole context; (_, 4): up to 9 partitions of 4 keys per
+    # (query, head), most of them past the short contexts (no keys: they must weigh nothing in the combine);
+    # (_, 64): partitions of 64 keys cover the whole (short) block table: one block per (query, head) again.
+    monkeypatch.setattr(paged_attention_module, "SPLIT_PARTITION_BELOW_BLOCKS", partition_below)
+    monkeypatch.setattr(paged_attention_module, "PARTITION_KEYS", partition_keys)
+    _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
+    _check(rng, "chunked", *LAYOUTS[1], kernel="split_keys")
+
+
+def test_split_partitions_only_for_small_batches():
+    big_batch = paged_attention_module.SPLIT_PARTITION_BELOW_BLOCKS  # queries x 1 head
+    assert split_partitions(big_batch, 1, 2048) == 1
+    assert split_partitions(1, 32, 2048) == cdiv(2048, paged_attention_module.PARTITION_KEYS)
+    assert split_partitions(1, 32, 1) == 1
+
+
 def test_split_keys_long_chunks_and_wide_heads(rng, monkeypatch):
     # head_dim 40 over 5 threads (8 dims each); chunks of 32 keys, so the 33-key context ends in a 1-key chunk
     # (the weights and rows past it keep the previous chunk's values and must not be read).
     monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", 5)
     monkeypatch.setattr(paged_attention_module, "SPLIT_KEY_CHUNK", 32)
+    monkeypatch.setattr(paged_attention_module, "SPLIT_PARTITION_BELOW_BLOCKS", 0)  # one block per (query, head)
     _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
 
 
