@@ -51,7 +51,10 @@ sequences may share the same prefix blocks.
   rescaled by the same factor. At the end the slices' accumulators are summed through shared memory and
   divided by l. Per_query leaves a decode step with T * n_heads busy threads (32 at batch 1 on Llama-3.2-1B),
   each walking the whole context serially; here T * n_heads blocks share the work. The decode kernel for
-  small GPU batches.
+  small GPU batches. With fewer than SPLIT_PARTITION_BELOW_BLOCKS (query, head) pairs it also splits each
+  pair's keys into partitions of PARTITION_KEYS, a block each (grid z; flash-decoding): each block writes
+  its unnormalised (m, l, acc) and `combine_partitions_kernel` merges them, rescaling each partition by
+  exp(m_p - M). A partition past the context has m = -inf, l = 0 and weighs nothing.
 - `paged_attention_decode_gqa`: the same contract again, one block per (query, KV head) for the whole
   group of query heads (4 on Llama-3.2-1B), GQA_DECODE_KEY_CHUNK keys at a time: the block copies the
   chunk's K and V rows into shared memory once (coalesced: consecutive threads read consecutive floats of a
