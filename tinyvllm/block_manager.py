@@ -71,8 +71,12 @@ class BlockManager:
 
     def slot(self, seq: Sequence, position: int) -> int:
         """Index of the token at `position` in the flattened [num_blocks * block_size] pool."""
-        block_id = seq.block_table[position // self.block_size]
-        return block_id * self.block_size + position % self.block_size
+        return self.slots(seq, position, position + 1)[0]
+
+    def slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """slot(seq, p) for p in start..end-1, in one call (a step builds one such list per sequence)."""
+        table, bs = seq.block_table, self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
     # ---- debugger view ---------------------------------------------------------------------
     def is_cached(self, block_id: int) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,10 +63,6 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
-
-
-def _slice(items: list, start: int, stop: int) -> list:
-    return items[start:stop]
 
 
 @dataclass
@@ -291,19 +288,11 @@ class LLMEngine:
 
     def _build_batch(self, schedule: SchedulerOutput) -> ForwardBatch:
         token_ids, positions, query_seq, slots, logits_rows = [], [], [], [], []
-        bs = self.block_manager.block_size
         for row, s in enumerate(schedule.scheduled):
-            table = s.seq.block_table
-            if s.num_new_tokens == 1:  # a decode: the common row of a large batch, kept short
-                token_ids.append(s.token_ids[0])
-                positions.append(s.start)
-                query_seq.append(row)
-                slots.append(table[s.start // bs] * bs + s.start % bs)
-            else:
-                token_ids += s.token_ids
-                positions += range(s.start, s.end)
-                query_seq += [row] * s.num_new_tokens
-                slots += [table[p // bs] * bs + p % bs for p in range(s.start, s.end)]
+            token_ids += s.token_ids
+            positions += range(s.start, s.end)
+            query_seq += [row] * s.num_new_tokens
+            slots += self.block_manager.slots(s.seq, s.start, s.end)
             if s.samples:
                 logits_rows.append(len(token_ids) - 1)
         tables = [s.seq.block_table for s in schedule.scheduled]
@@ -357,16 +346,13 @@ class LLMEngine:
 
     def _output(self, request: _Request) -> RequestOutput:
         seq = request.seq
-        n_out = seq.num_output_tokens if seq is not None else 0
-        # A sequence's token list only ever grows (preemption keeps it), so a slice taken later up to
-        # n_out is this step's snapshot.
-        start = seq.num_prompt_tokens if seq is not None else 0
-        all_ids = seq.token_ids if seq is not None else []
+        all_ids, start, n_out = (seq.token_ids, seq.num_prompt_tokens, seq.num_output_tokens) if seq else ([], 0, 0)
         new = all_ids[start + request.reported_tokens:start + n_out]
         request.reported_tokens = n_out
         return RequestOutput(
             request.request_id, request.prompt, request.prompt_token_ids,
-            functools.partial(_slice, all_ids, start, start + n_out),
+            # a sequence's token list only ever grows (preemption keeps it): sliced later, this step's snapshot
+            functools.partial(operator.getitem, all_ids, slice(start, start + n_out)),
             new_token_ids=new, finished=request.finish_reason is not None,
             finish_reason=request.finish_reason, error=request.error,
             _text=request.text, _detokenize=self.tokenizer.decode,
