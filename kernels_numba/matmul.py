@@ -76,10 +76,11 @@ COALESCED_THREADS = 4 if SIMULATOR else 64
 # THREAD_FEATURES (8 x 4) micro-tile of it: 16 x 8 = 128 threads, 32 float32 accumulators each. Per step
 # of k a thread reads 8 + 4 contiguous values from shared memory as three 128-bit loads for 32 FMAs (the
 # simple gemm: 2 reads per FMA). gemm_blocked_kernel(8, 8) (64 x 128 tiles, 64 FMAs per 4 loads) is there
-# for scripts/crossover_linear.py to compare: ptxas gives it 168 registers against 96. 64 x 64 tiles keep a
-# short prompt's grid wide (T = 512, N = 2048: 256 blocks for 132 SMs). BLOCK_K = 16: a warp loads 16
-# consecutive k of 2 rows (64 B of x, 32 B of W per row: whole 32-byte sectors); BLOCK_K = 32 pushed
-# ptxas (sm_90) to 168 registers, 16 needs 96 (no spills): 5 blocks, 20 warps per SM.
+# for scripts/crossover_linear.py to compare: ptxas gives it 168 registers against 8 x 4's 125 (it measured
+# slower). 64 x 64 tiles keep a short prompt's grid wide (T = 512, N = 2048: 256 blocks for 132 SMs).
+# BLOCK_K = 16: a warp loads 16 consecutive k of 2 rows (64 B of x, 32 B of W per row: whole 32-byte
+# sectors); BLOCK_K = 32 pushed ptxas (sm_90) to 168 registers. 125 registers (no spills; 96 before the
+# split-K bounds): 4 blocks, 16 warps per SM.
 # Shared memory: 2 x 16 x 68 x 4 B = 8.7 KB per block.
 BLOCK_TOKENS = 64
 BLOCK_FEATURES = 64

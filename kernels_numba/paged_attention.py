@@ -811,6 +811,13 @@ def _check_pool(q, k_pool, v_pool, block_tables):
     assert block_tables.ndim == 2 and block_tables.dtype == np.int32, (block_tables.shape, block_tables.dtype)
 
 
+def _pool_rows(k_pool, v_pool):
+    """The pools as [slot, n_kv_heads * head_dim] views: a slot's K (or V) row for every KV head."""
+    num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape
+    rows = (num_blocks * block_size, n_kv_heads * head_dim)
+    return k_pool.reshape(rows), v_pool.reshape(rows)
+
+
 def _check_queries(num_queries, query_seq, query_pos):
     assert query_seq.shape == (num_queries,) and query_pos.shape == (num_queries,), (query_seq.shape,
                                                                                      query_pos.shape)
@@ -859,13 +866,12 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
     assert SPLIT_THREADS >= 1, f"SPLIT_THREADS {SPLIT_THREADS}"
     out = _output(q, out)
     if num_queries > 0:
-        num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape
+        _, block_size, _, head_dim = k_pool.shape
         max_context = block_tables.shape[1] * block_size  # what the block tables can address: static per graph
         partitions = split_partitions(num_queries, n_heads, max_context)
         partition_keys = cdiv(max_context, partitions)
         kernel = paged_attention_split_keys_kernel(head_dim, block_size, SPLIT_THREADS, SPLIT_KEY_CHUNK,
                                                    partitions > 1)
-        slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
         if partitions > 1:
             part_max = device_empty((num_queries, n_heads, partitions), np.float32)
             part_sum = device_empty((num_queries, n_heads, partitions), np.float32)
@@ -874,7 +880,7 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
             part_max = part_sum = out
             part_acc = out.reshape((num_queries, n_heads, 1, head_dim))
         kernel[(num_queries, n_heads, partitions), SPLIT_THREADS, launch_stream()](
-            q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, query_seq, query_pos,
+            q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
             np.float32(scale), partition_keys, out, part_max, part_sum, part_acc)
         if partitions > 1:
             blocks, threads = grid_stride_launch(out.size, THREADS)
@@ -901,12 +907,11 @@ def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query
     _check_queries(num_queries, query_seq, query_pos)
     out = _output(q, out)
     if num_queries > 0:
-        num_blocks, block_size, n_kv_heads, head_dim = k_pool.shape
+        _, block_size, n_kv_heads, head_dim = k_pool.shape
         kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
                                                    GQA_DECODE_THREADS, GQA_DECODE_KEY_CHUNK, GQA_DECODE_LOADS_FIRST)
-        slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
         kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
-            q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, query_seq, query_pos,
+            q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
             np.float32(scale), out)
     return out
 
@@ -952,7 +957,7 @@ def paged_attention_prefill_gqa(q, k_pool, v_pool, block_tables, query_seq, quer
     _check_pool(q, k_pool, v_pool, block_tables)
     assert query_seq.shape == (num_tokens,) and query_pos.shape == (num_tokens,), (query_seq.shape,
                                                                                    query_pos.shape)
-    num_blocks, block_size, n_kv_heads, _ = k_pool.shape
+    _, block_size, n_kv_heads, _ = k_pool.shape
     group = n_heads // n_kv_heads
     queries, keys, row_threads, col_threads = gqa_shape(head_dim, group)
     tiles = build_prefill_tiles(query_seq, query_pos, queries) if tiles is None else tiles
@@ -962,9 +967,8 @@ def paged_attention_prefill_gqa(q, k_pool, v_pool, block_tables, query_seq, quer
     if tiles.num_tiles > 0:
         kernel = paged_attention_prefill_gqa_kernel(head_dim, group, block_size, queries, keys, row_threads,
                                                     col_threads)
-        slot_rows = (num_blocks * block_size, n_kv_heads * head_dim)
         kernel[(tiles.num_tiles, n_kv_heads), row_threads * col_threads, launch_stream()](
-            q, k_pool.reshape(slot_rows), v_pool.reshape(slot_rows), block_tables, tiles.seq, tiles.tokens,
+            q, *_pool_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens,
             tiles.positions, tiles.key_len, np.float32(scale), out)
     return out
 

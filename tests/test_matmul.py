@@ -85,11 +85,14 @@ def test_gemv_coalesced_variants(rng, rows, unroll, word_elements, in_features):
     _assert_close_to_ref(got.copy_to_host(), x, w_bits)
 
 
-def test_gemv_coalesced_reads_a_row_slice_of_a_bigger_weight(rng):
-    """Fused projections hand it row ranges of one weight: the uint32 view must start at the slice."""
-    x, w_bits = _inputs(rng, 2, 66)
-    stacked = np.concatenate([f32_to_bf16_ref(rng.standard_normal((5, 66)).astype(np.float32)), w_bits])
-    got = gemv_coalesced(cuda.to_device(x), cuda.to_device(stacked)[5:], out=poisoned((2, OUT_FEATURES), np.float32))
+@pytest.mark.parametrize("kernel, num_tokens, in_features", [("gemv_coalesced", 2, 66), ("gemm_blocked", 9, 20)])
+def test_reads_a_row_slice_of_a_bigger_weight(rng, kernel, num_tokens, in_features):
+    """Fused projections hand linear row ranges of one weight: gemv_coalesced's word view and gemm_blocked's
+    tiles must start at the slice."""
+    x, w_bits = _inputs(rng, num_tokens, in_features)
+    stacked = np.concatenate([f32_to_bf16_ref(rng.standard_normal((5, in_features)).astype(np.float32)), w_bits])
+    launch = {"gemv_coalesced": gemv_coalesced, "gemm_blocked": gemm_blocked}[kernel]
+    got = launch(cuda.to_device(x), cuda.to_device(stacked)[5:], out=poisoned((num_tokens, OUT_FEATURES), np.float32))
     _assert_close_to_ref(got.copy_to_host(), x, w_bits)
 
 
@@ -149,14 +152,6 @@ def test_gemm_splits_fills_the_gpu_only_when_tiles_are_few():
     assert gemm_splits(256, 8192, 2048) == 4    # down_proj at a 256-decode: 4 x 32 tiles -> 512 blocks
     assert gemm_splits(256, 2048, 2048) == 4    # o_proj: slices of 512
     assert gemm_splits(1, 512, 64) == 2         # never a slice under MIN_SPLIT_K = 256
-
-
-def test_gemm_blocked_reads_a_row_slice_of_a_bigger_weight(rng):
-    """Fused projections hand linear row ranges of one weight: the tiles must start at the slice."""
-    x, w_bits = _inputs(rng, 9, 20)
-    stacked = np.concatenate([f32_to_bf16_ref(rng.standard_normal((5, 20)).astype(np.float32)), w_bits])
-    got = gemm_blocked(cuda.to_device(x), cuda.to_device(stacked)[5:], out=poisoned((9, OUT_FEATURES), np.float32))
-    _assert_close_to_ref(got.copy_to_host(), x, w_bits)
 
 
 def test_linear_kernel_name_picks_gemm_blocked_for_prefill_on_a_gpu(monkeypatch):
