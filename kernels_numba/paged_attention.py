@@ -58,11 +58,12 @@ sequences may share the same prefix blocks.
 - `paged_attention_decode_gqa`: the same contract again, one block per (query, KV head) for the whole
   group of query heads (4 on Llama-3.2-1B), GQA_DECODE_KEY_CHUNK keys at a time: the block copies the
   chunk's K and V rows into shared memory once (coalesced: consecutive threads read consecutive floats of a
-  row), then a thread per (head, key) scores it, a segment of threads per head finds the head's chunk max
-  (running max m per head in shared memory), the scores become weights, and a thread per (head, dim)
-  output adds weights @ V from the shared V tile; each thread keeps the sum of its own weights, rescaled with
-  m, and one sum per head at the end gives l. split_keys reads each K/V row once per query head (4x the
-  traffic); this reads it once. The decode kernel for large GPU batches (long contexts at batch 256).
+  row), then a thread per (pair of heads, key) scores it, every thread takes each head's chunk max itself
+  (broadcast reads) and raises its running max m, the scores become weights, and a thread per (pair of heads,
+  dim) adds weights @ V and the weights' sum l, both rescaled by exp(m_old - m_new). The next chunk's K/V
+  loads are issued into registers before this chunk's compute (register prefetch), so memory and math
+  overlap. split_keys reads each K/V row once per query head (4x the traffic); this reads it once. The
+  decode kernel for large GPU batches (long contexts at batch 256).
 """
 from dataclasses import dataclass
 import functools
@@ -71,7 +72,8 @@ import math
 import numpy as np
 
 from .attention import MAX_HEAD_DIM, attend_to_key
-from .common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
+from .common import (SIMULATOR, SHARED_ALIGN, SHARED_ROW_PAD, cuda, jit, cdiv, grid_stride_launch, launch_stream,
+                     device_empty)
 
 THREADS = 128
 QTILE = 16  # queries per prefill block (one thread each)
@@ -89,9 +91,11 @@ GQA_DECODE_THREADS = 4 if SIMULATOR else 128
 # The runner's switch from split_keys (T x n_heads blocks) to decode_gqa (T x n_kv_heads blocks): 2 blocks
 # per SM of an H200, from a decode batch of 33 on Llama-3.2-1B.
 DECODE_GQA_MIN_BLOCKS = 2 * 132
-GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64  # keys whose K and V rows sit in shared memory at once: 64 x 65
-#                                                + 64 x 64 floats, 33 KB (the static limit is 48)
-GQA_DECODE_LOADS_FIRST = False
+# Keys whose K and V rows sit in shared memory (and, prefetched, in registers) at once. On the H200
+# (scripts/sweep_decode_attention.py, docs/bench-h200.md round 4) 16 keys x 128 threads read the KV of batch
+# 256 x 1024 keys at 1.66 TB/s, 32 keys 1.12, 64 keys 1.33 (ptxas: 98, 134, 156 registers: 5, 3, 3 blocks
+# per SM), 256 threads slower still.
+GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 16
 # prefill_gqa tile sizes (upper bounds: gqa_shape shrinks the tiles to fit the shared memory). A simulated
 # syncthreads costs ~2.5 ms per thread of the block, so the simulator gets 4-thread blocks and short tiles: the
 # same index math and phases, and its few-dozen-key tests still cross several query and key tiles.
@@ -386,18 +390,36 @@ def combine_partitions_kernel(part_max, part_sum, part_acc, out):
 
 
 @functools.cache
-def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int,
-                                      loads_first: bool):
+def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int):
     """The GQA decode kernel for one shape: a block per (query, KV head) serves the group's query heads
     from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops).
-    `loads_first`: a thread issues all its K/V loads of a chunk before storing any (more registers)."""
-    k_row_stride = head_dim + 1           # padded: thread j reading K row j, dim d hits bank (j + d) % 32
-    load_steps = cdiv(key_chunk * head_dim, threads)  # tile elements each thread copies
-    pair_steps = cdiv(group * key_chunk, threads)     # (head, key) scores each thread computes
-    out_steps = cdiv(group * head_dim, threads)       # (head, dim) outputs each thread accumulates
-    segments = min(group, threads)        # heads whose chunk max is reduced at once, each by a segment of
-    segment = threads // segments         # threads (threads past segments * segment idle)
-    head_rounds = cdiv(group, segments)
+
+    Per chunk, four barriers: (1) K/V rows in, the next chunk's pool rows noted; (2) a thread per (head set,
+    key) scores HEADS_PER_ITEM heads from one read of the key's K row (masked keys score -inf); (3) every thread
+    takes each head's chunk max itself (broadcast reads, no reduction tree) and turns its scores into
+    weights exp(score - m); (4) a thread per (head set, dim) adds weights @ V and the weights' sum, both
+    rescaled by exp(m_old - m_new). Every shared read in (2)-(4) is a broadcast or a conflict-free row, four
+    floats at a time where the layout allows (16-byte aligned tiles)."""
+    heads_per_item = 2 if group % 2 == 0 else 1  # heads one thread scores / accumulates from one K or V read
+    head_sets = group // heads_per_item
+    load_steps = cdiv(key_chunk * head_dim, threads)       # tile elements each thread copies
+    score_steps = cdiv(head_sets * key_chunk, threads)     # (head set, key) items per thread
+    out_steps = cdiv(head_sets * head_dim, threads)        # (head set, dim) items per thread
+    k_row_stride = head_dim + SHARED_ROW_PAD               # keeps rows 16-byte aligned; thread j reading K row j
+    #                                                        four floats at a time hits banks 4j..4j+3 (mod 32)
+    assert head_dim % 4 == 0 and key_chunk % 4 == 0
+
+    @jit(device=True)
+    def load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start, last, tid, k_loaded, v_loaded):
+        """Issue this thread's loads of the chunk's K/V rows into registers. Element i is tile element
+        e = tid + i * threads: key e // head_dim, dim e % head_dim (consecutive threads read consecutive floats
+        of a row: coalesced). Keys past the context load the last key again (branch-free; weights 0)."""
+        for i in range(load_steps):
+            e = _ix(tid) + _ix(i * threads)
+            key = min(_ix(chunk_start) + min(e // _ix(head_dim), _ix(key_chunk - 1)), _ix(last))
+            row = _ix(block_tables[b, key // _ix(block_size)]) * _ix(block_size) + key % _ix(block_size)
+            k_loaded[i] = k_rows[row, _ix(column) + e % _ix(head_dim)]
+            v_loaded[i] = v_rows[row, _ix(column) + e % _ix(head_dim)]
 
     @jit
     def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out):
@@ -409,132 +431,105 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
         b = query_seq[t]
         context_len = query_pos[t] + 1  # causal: keys 0..position
         # one shared array per line: the simulator aliases two declared on the same line
-        q_scaled = cuda.shared.array((group, head_dim), np.float32)
-        k_tile = cuda.shared.array((key_chunk, k_row_stride), np.float32)
-        v_tile = cuda.shared.array((key_chunk, head_dim), np.float32)
-        weights = cuda.shared.array((group, key_chunk), np.float32)  # scores, then exp(score - m)
-        rows = cuda.shared.array(key_chunk, np.int32)                  # the chunk's pool rows
-        reduce_buffer = cuda.shared.array(threads, np.float32)
-        head_max = cuda.shared.array(group, np.float32)     # running max m per head
-        head_rescale = cuda.shared.array(group, np.float32)  # exp(m_old - m_new) of this chunk
-        own_sums = cuda.local.array(pair_steps, np.float32)
+        q_scaled = cuda.shared.array((group, head_dim), np.float32, alignment=SHARED_ALIGN)
+        k_tile = cuda.shared.array((key_chunk, k_row_stride), np.float32, alignment=SHARED_ALIGN)
+        v_tile = cuda.shared.array((key_chunk, head_dim), np.float32, alignment=SHARED_ALIGN)
+        scores = cuda.shared.array((group, key_chunk), np.float32, alignment=SHARED_ALIGN)
+        weights = cuda.shared.array((group, key_chunk), np.float32, alignment=SHARED_ALIGN)
+        running_max = cuda.local.array(group, np.float32)   # m per head, the same in every thread
+        rescale = cuda.local.array(group, np.float32)       # exp(m_old - m_new) of this chunk
+        chunk_max = cuda.local.array(group, np.float32)
+        acc = cuda.local.array((out_steps, heads_per_item), np.float32)
+        sums = cuda.local.array((out_steps, heads_per_item), np.float32)  # l of the thread's (head, dim) items
+        dot = cuda.local.array(heads_per_item, np.float32)
         k_loaded = cuda.local.array(load_steps, np.float32)
         v_loaded = cuda.local.array(load_steps, np.float32)
-        acc = cuda.local.array(out_steps, np.float32)
         for e in range(tid, group * head_dim, threads):
             q_scaled[e // head_dim, e % head_dim] = q[t, first_head + e // head_dim, e % head_dim] * scale
-        for g in range(tid, group, threads):
-            head_max[g] = np.float32(-math.inf)
-        for i in range(pair_steps):
-            own_sums[i] = np.float32(0.0)
-        for i in range(out_steps):
-            acc[i] = np.float32(0.0)
-        segment_head = tid // segment
-        segment_lane = tid % segment
-
-        for chunk_start in range(0, context_len, key_chunk):
+        for g in range(group):
+            running_max[g] = np.float32(-math.inf)
+        for s in range(out_steps):
+            for i in range(heads_per_item):
+                acc[s, i] = np.float32(0.0)
+                sums[s, i] = np.float32(0.0)
+        chunks = (context_len + key_chunk - 1) // key_chunk
+        last = context_len - 1
+        # Register prefetch: chunk c + 1's K/V loads are issued before chunk c's compute and land while it runs.
+        load_chunk(k_rows, v_rows, block_tables, b, column, 0, last, tid, k_loaded, v_loaded)
+        for chunk in range(chunks):
+            chunk_start = chunk * key_chunk
             n_keys = min(key_chunk, context_len - chunk_start)
-            for j in range(tid, n_keys, threads):
-                key = chunk_start + j
-                rows[j] = block_tables[b, key // block_size] * block_size + key % block_size
+            # 1. this chunk's K and V rows (in registers) into shared memory, once for the whole group
+            for i in range(load_steps):
+                e = _ix(tid) + _ix(i * threads)
+                j = min(e // _ix(head_dim), _ix(key_chunk - 1))  # past the tile: the last row, own value
+                k_tile[j, e % _ix(head_dim)] = k_loaded[i]
+                v_tile[j, e % _ix(head_dim)] = v_loaded[i]
             cuda.syncthreads()
-            # 1. K and V rows into shared memory, once for the whole group: consecutive threads read
-            # consecutive floats of a row (coalesced). Tile rows past the chunk's keys get a copy of its last
-            # key (never read), branch-free so the loads can all be issued before the stores.
-            last_key = _ix(n_keys - 1)
-            if loads_first:  # all loads into registers, then all stores: one memory round trip per chunk
-                for i in range(load_steps):
-                    e = _ix(tid) + _ix(i * threads)
-                    row = _ix(rows[min(e // _ix(head_dim), last_key)])
-                    k_loaded[i] = k_rows[row, _ix(column) + e % _ix(head_dim)]
-                    v_loaded[i] = v_rows[row, _ix(column) + e % _ix(head_dim)]
-                for i in range(load_steps):
-                    e = _ix(tid) + _ix(i * threads)
-                    j = min(e // _ix(head_dim), _ix(key_chunk - 1))  # past the tile: the last row, own value
-                    k_tile[j, e % _ix(head_dim)] = k_loaded[i]
-                    v_tile[j, e % _ix(head_dim)] = v_loaded[i]
-            else:  # load, store, load, ...: few registers, the compiler overlaps a few elements at a time
-                for i in range(load_steps):
-                    e = _ix(tid) + _ix(i * threads)
-                    j = min(e // _ix(head_dim), _ix(key_chunk - 1))
-                    row = _ix(rows[min(j, last_key)])
-                    k_tile[j, e % _ix(head_dim)] = k_rows[row, _ix(column) + e % _ix(head_dim)]
-                    v_tile[j, e % _ix(head_dim)] = v_rows[row, _ix(column) + e % _ix(head_dim)]
+            if chunk + 1 < chunks:
+                load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start + key_chunk, last, tid,
+                           k_loaded, v_loaded)
+            # 2. scores: a thread per (head set, key), one pass over the key's K row for the set's heads
+            for s in range(score_steps):
+                item = tid + s * threads
+                head_set = item // key_chunk
+                j = item % key_chunk
+                if head_set < head_sets:
+                    for i in range(heads_per_item):
+                        dot[i] = np.float32(0.0)
+                    for d0 in range(0, head_dim, 4):
+                        for d in range(d0, d0 + 4):
+                            k_value = k_tile[j, d]
+                            for i in range(heads_per_item):
+                                dot[i] += q_scaled[head_set * heads_per_item + i, d] * k_value
+                    for i in range(heads_per_item):
+                        scores[head_set * heads_per_item + i, j] = dot[i] if j < n_keys else np.float32(-math.inf)
             cuda.syncthreads()
-            # 2. scores: a thread per (head, key) pair
-            for i in range(pair_steps):
-                pair = tid + i * threads
-                g = pair // key_chunk
-                j = pair % key_chunk
-                if g < group and j < n_keys:
-                    score = np.float32(0.0)
-                    for d in range(head_dim):
-                        score += q_scaled[g, d] * k_tile[j, d]
-                    weights[g, j] = score
+            # 3. every thread raises each head's running max by the chunk's max (n_keys >= 1: finite)...
+            for g in range(group):
+                chunk_max[g] = scores[g, 0]
+            for j in range(1, key_chunk):
+                for g in range(group):
+                    chunk_max[g] = max(chunk_max[g], scores[g, j])
+            for g in range(group):
+                new_max = max(running_max[g], chunk_max[g])
+                rescale[g] = np.float32(math.exp(running_max[g] - new_max))  # 0 on the first chunk
+                running_max[g] = new_max
+            # ... and turns its own scores into weights (exp(-inf) = 0 for masked keys)
+            for s in range(score_steps):
+                item = tid + s * threads
+                head_set = item // key_chunk
+                j = item % key_chunk
+                for g in range(group):  # compile-time g: running_max stays in registers
+                    if g // heads_per_item == head_set:
+                        weights[g, j] = np.float32(math.exp(scores[g, j] - running_max[g]))
             cuda.syncthreads()
-            # each head's chunk max: `segment` threads per head (heads in rounds when threads < group),
-            # then a tree within the segment
-            for head_round in range(head_rounds):
-                g = segment_head + head_round * segments
-                seg_max = np.float32(-math.inf)
-                if g < group:
-                    for j in range(segment_lane, n_keys, segment):
-                        seg_max = max(seg_max, weights[g, j])
-                reduce_buffer[tid] = seg_max
-                cuda.syncthreads()
-                size = segment
-                while size > 1:
-                    half = (size + 1) // 2
-                    if g < group and segment_lane < size - half:
-                        reduce_buffer[tid] = max(reduce_buffer[tid], reduce_buffer[tid + half])
-                    cuda.syncthreads()
-                    size = half
-                if g < group and segment_lane == 0:
-                    new_max = max(head_max[g], reduce_buffer[tid])  # finite: n_keys >= 1
-                    head_rescale[g] = np.float32(math.exp(head_max[g] - new_max))  # 0 on the first chunk
-                    head_max[g] = new_max
-                cuda.syncthreads()
-            # scores become weights exp(score - m); each thread sums its own (same pairs every chunk)
-            for i in range(pair_steps):
-                pair = tid + i * threads
-                g = pair // key_chunk
-                j = pair % key_chunk
-                if g < group:
-                    own_sums[i] *= head_rescale[g]
-                    if j < n_keys:
-                        weight = np.float32(math.exp(weights[g, j] - head_max[g]))
-                        weights[g, j] = weight
-                        own_sums[i] += weight
-            cuda.syncthreads()
-            # 3. acc += weights @ V: a thread per (head, dim) output, a warp reading consecutive dims of a row
-            for i in range(out_steps):
-                o = tid + i * threads
-                g = o // head_dim
-                if g < group:
-                    d = o % head_dim
-                    total = acc[i] * head_rescale[g]
-                    for j in range(n_keys):
-                        total += weights[g, j] * v_tile[j, d]
-                    acc[i] = total
-            cuda.syncthreads()  # nobody overwrites the tiles while another thread still reads them
+            # 4. acc += weights @ V and l += sum(weights): a thread per (head set, dim), a warp reading
+            # consecutive dims of a V row
+            for s in range(out_steps):
+                item = tid + s * threads
+                head_set = item // head_dim
+                d = item % head_dim
+                if head_set < head_sets:
+                    for g in range(group):
+                        if g // heads_per_item == head_set:
+                            acc[s, g % heads_per_item] *= rescale[g]
+                            sums[s, g % heads_per_item] *= rescale[g]
+                    for j0 in range(0, key_chunk, 4):
+                        for j in range(j0, j0 + 4):
+                            v_value = v_tile[j, d]
+                            for i in range(heads_per_item):
+                                weight = weights[head_set * heads_per_item + i, j]
+                                acc[s, i] += weight * v_value
+                                sums[s, i] += weight
+            cuda.syncthreads()  # nobody overwrites the tiles, scores or weights while another thread reads them
 
-        # l per head: every thread's own sums through shared memory, added up by one thread per head
-        for i in range(pair_steps):
-            pair = tid + i * threads
-            if pair // key_chunk < group:
-                weights[pair // key_chunk, pair % key_chunk] = own_sums[i]
-        cuda.syncthreads()
-        for g in range(tid, group, threads):
-            total = np.float32(0.0)
-            for j in range(key_chunk):
-                total += weights[g, j]
-            head_max[g] = np.float32(1.0) / total  # reused: now 1 / l
-        cuda.syncthreads()
-        for i in range(out_steps):
-            o = tid + i * threads
-            g = o // head_dim
-            if g < group:
-                out[t, first_head + g, o % head_dim] = acc[i] * head_max[g]
+        for s in range(out_steps):
+            item = tid + s * threads
+            head_set = item // head_dim
+            if head_set < head_sets:
+                for i in range(heads_per_item):
+                    out[t, first_head + head_set * heads_per_item + i, item % head_dim] = acc[s, i] / sums[s, i]
 
     return kernel
 
@@ -909,7 +904,7 @@ def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query
     if num_queries > 0:
         _, block_size, n_kv_heads, head_dim = k_pool.shape
         kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
-                                                   GQA_DECODE_THREADS, GQA_DECODE_KEY_CHUNK, GQA_DECODE_LOADS_FIRST)
+                                                   GQA_DECODE_THREADS, GQA_DECODE_KEY_CHUNK)
         kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
             q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
             np.float32(scale), out)

@@ -1,5 +1,5 @@
 """Decode attention variants on the H200: split_keys (with and without key partitions) and decode_gqa (key
-chunk x load order), KV GB/s.
+chunk x threads per block), KV GB/s.
 
     python scripts/sweep_decode_attention.py [--cases 1x512,64x512,256x1024]
 Each case is BATCHxCONTEXT on Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head_dim 64,
@@ -41,21 +41,21 @@ def main():
         kv_bytes = batch * context * 2 * N_KV_HEADS * HEAD_DIM * 4
         reference = None
         variants = [("split_keys", None, None), ("split_keys", None, "no partitions")] + [
-            ("decode_gqa", chunk, first) for chunk in (16, 32, 64) for first in (False, True)]
+            ("decode_gqa", chunk, threads) for chunk, threads in ((16, 128), (32, 128), (64, 128), (32, 256), (64, 256))]
         default_partition_below = pa.SPLIT_PARTITION_BELOW_BLOCKS
-        for name, chunk, first in variants:
+        for name, chunk, option in variants:
             if name == "split_keys":
-                pa.SPLIT_PARTITION_BELOW_BLOCKS = 0 if first else default_partition_below
+                pa.SPLIT_PARTITION_BELOW_BLOCKS = 0 if option else default_partition_below
                 launch = lambda: pa.paged_attention_split_keys(q, k_pool, v_pool, tables, seqs, positions, 0.125, out)
             else:
-                pa.GQA_DECODE_KEY_CHUNK, pa.GQA_DECODE_LOADS_FIRST = chunk, first
+                pa.GQA_DECODE_KEY_CHUNK, pa.GQA_DECODE_THREADS = chunk, option
                 launch = lambda: pa.paged_attention_decode_gqa(q, k_pool, v_pool, tables, seqs, positions, 0.125, out)
             seconds = time_launches(launch, args.repeats)
             result = out.copy_to_host()
             reference = result if reference is None else reference
             err = float(np.abs(result - reference).max())  # the first variant is the reference
-            label = (f"{name}, {first or 'partitions below ' + str(default_partition_below) + ' blocks'}"
-                     if chunk is None else f"{name} chunk {chunk:2d} loads_first={first!s:5}")
+            label = (f"{name}, {option or 'partitions below ' + str(default_partition_below) + ' blocks'}"
+                     if chunk is None else f"{name} chunk {chunk:2d} threads {option}")
             print(f"batch {batch:3d} context {context:5d}  {label:<40} {seconds * 1e6:9.1f} us "
                   f"{kv_bytes / seconds / 1e9:7.1f} GB/s  (max diff vs split_keys {err:.1e})", flush=True)
 

@@ -293,8 +293,9 @@ def test_split_keys_long_chunks_and_wide_heads(rng, monkeypatch):
     _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
 
 
-# paged_attention_decode_gqa: group ratios 1, 2, 3 and 3 (LAYOUTS), so a block serves 1 to 3 query heads; in the
-# simulator 4 threads per block (segments of 4, 2 or 1 threads per head) and chunks of 8 keys.
+# paged_attention_decode_gqa: group ratios 1, 2, 3 and 3 (LAYOUTS), so a block serves 1 to 3 query heads (one
+# head per score/output item for odd groups, two for even ones); in the simulator 4 threads per block and chunks of
+# 8 keys.
 @pytest.mark.parametrize("scenario, layout", [
     ("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
     ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])])
@@ -302,15 +303,14 @@ def test_decode_gqa_kernel_matches_ref(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="decode_gqa")
 
 
-@pytest.mark.parametrize("threads, key_chunk, loads_first", [(1, 8, False), (7, 5, True), (37, 32, False), (4, 8, True)])
-def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_chunk, loads_first):
-    # 1 thread does everything; 7 threads over group 3: segments of 2 with an idle thread, and a chunk of 5
-    # that does not divide the tile work evenly; 37 threads: more than a chunk's (head, key) pairs. Both
-    # ways of loading the K/V tiles.
+@pytest.mark.parametrize("threads, key_chunk, layout", [(1, 8, 2), (7, 12, 2), (37, 32, 2), (5, 4, 1)])
+def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_chunk, layout):
+    # 1 thread does everything; 7 threads: the (head, key) and (head, dim) items do not divide evenly; 37
+    # threads: more than a chunk's items, some idle; 5 threads over group 2 (two heads per item) and chunks of
+    # 4 keys, so most sequences cross many chunks.
     monkeypatch.setattr(paged_attention_module, "GQA_DECODE_THREADS", threads)
     monkeypatch.setattr(paged_attention_module, "GQA_DECODE_KEY_CHUNK", key_chunk)
-    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_LOADS_FIRST", loads_first)
-    _check(rng, "decode", *LAYOUTS[2], kernel="decode_gqa")
+    _check(rng, "decode", *LAYOUTS[layout], kernel="decode_gqa")
 
 
 @pytest.mark.parametrize("width", [None, 1, 5])  # None: the default, QTILE
