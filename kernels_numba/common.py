@@ -17,6 +17,10 @@ import numpy as np
 from numba import cuda
 
 SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
+# Shared tiles read four floats at a time: 16-byte aligned arrays whose rows are padded by 4 floats (rows stay
+# aligned, and thread j reading row j hits banks 4j..4j+3 mod 32). The simulator rejects an alignment argument.
+SHARED_ALIGN = None if SIMULATOR else 16
+SHARED_ROW_PAD = 4
 
 
 def _serialise_simulated_shared_arrays() -> None:

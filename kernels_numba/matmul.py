@@ -37,8 +37,9 @@ import numpy as np
 import ml_dtypes
 
 from .bf16 import bf16_to_f32
-from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, launch_stream,
-                     device_empty)
+from .rmsnorm import row_scale
+from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, SHARED_ALIGN, SHARED_ROW_PAD,
+                     launch_stream, device_empty)
 
 # gemv keeps T x GEMV_ROWS accumulators per thread: registers on a GPU, so a small compile-time constant;
 # the simulator has no registers to spare, and every extra pass over W re-decodes each weight in Python.
@@ -90,10 +91,8 @@ THREAD_FEATURES = 4
 BLOCKED_THREADS_X = BLOCK_FEATURES // THREAD_FEATURES  # 16: threadIdx.x walks features
 BLOCKED_THREADS_Y = BLOCK_TOKENS // THREAD_TOKENS      # 8: threadIdx.y walks tokens
 LOAD_ROW_STEP = BLOCKED_THREADS_X * BLOCKED_THREADS_Y // BLOCK_K  # 8: tile rows the block loads at once
-# A warp stores 16 k x 2 rows into a k-major tile: a row stride of 68 words puts (k, row) in bank
-# (4 k + row) % 32, 2-way conflicts at worst, and keeps every row 16-byte aligned for the vector reads.
-SHARED_ROW_PAD = 4
-SHARED_ALIGN = None if SIMULATOR else 16  # the simulator rejects an alignment argument
+# A warp stores 16 k x 2 rows into a k-major tile: a row stride of 64 + SHARED_ROW_PAD = 68 words puts (k, row)
+# in bank (4 k + row) % 32, 2-way conflicts at worst, and keeps every row 16-byte aligned for the vector reads.
 # Split-K: below SPLIT_TARGET_BLOCKS output tiles (3 blocks per SM of an H200) gemm_blocked cuts K into
 # slices of at least MIN_SPLIT_K, so narrow outputs fill the GPU. In a batch-256 decode graph on the H200
 # (docs/bench/h200-round3-*.log) slices of 256 up made q|k|v 3.3 -> 2.5 ms and o_proj 2.4 -> 1.5 ms a step,
@@ -128,27 +127,35 @@ def gemv_kernel(x, w_bits, out):
 
 
 @functools.cache
-def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word_elements: int):
+def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word_elements: int,
+                          norm: bool = False, residual: bool = False):
     """The kernel for one (tokens per pass, block size, rows per block, loads per row in flight, bf16 per
     load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
     unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
     4 reads uint64 words. More tokens than `chunk` are walked `chunk` at a time by the same block, so its
-    rows come back from L2, not HBM, for every pass after the first."""
+    rows come back from L2, not HBM, for every pass after the first.
+
+    `norm` (RMSNorm in front): x is the residual stream h, and the kernel computes rmsnorm(h) @ W.T as
+    rsqrt(mean(h^2) + eps) * (h * g) @ W.T: the threads already read every h of a token between them, so they
+    also sum h^2, the block reduces it beside the dot products, and the scale multiplies the reduced dots.
+    The blocks also write normed = g * (h * scale) between them (the stage output). `residual` (residual add
+    behind): besides out, residual_out = out + residual."""
     word_type = np.uint32 if word_elements == 2 else np.uint64
     assert word_elements in (2, 4)
+    sums = rows + 1 if norm else rows  # the block reduces rows dot products (and h^2 with norm) per token
 
     @jit
-    def kernel(x, w_words, out):
-        partial = cuda.shared.array((rows, chunk, threads), np.float32)
-        acc = cuda.local.array((rows, chunk), np.float32)
+    def kernel(x, w_words, out, norm_words, eps, normed, residual_in, residual_out):
+        partial = cuda.shared.array((sums, chunk, threads), np.float32)
+        acc = cuda.local.array((sums, chunk), np.float32)
         words = cuda.local.array((unroll, rows), word_type)
         tid = cuda.threadIdx.x
-        num_tokens = x.shape[0]
+        num_tokens, in_features = x.shape
         out_features, words_per_row = w_words.shape
         step = threads * unroll
         for row0 in range(cuda.blockIdx.x * rows, out_features, cuda.gridDim.x * rows):
             for t0 in range(0, num_tokens, chunk):
-                for r in range(rows):
+                for r in range(sums):
                     for t in range(chunk):
                         acc[r, t] = np.float32(0.0)
                 for first_word in range(tid, words_per_row, step):
@@ -161,21 +168,27 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                     for u in range(unroll):
                         word = first_word + u * threads
                         if word < words_per_row:
+                            if norm:
+                                gains = norm_words[word]
                             for t in range(chunk):
                                 token = min(t0 + t, num_tokens - 1)
                                 for e in range(word_elements):  # little-endian: the low half comes first
                                     x_e = x[token, word_elements * word + e]
+                                    if norm:
+                                        acc[rows, t] += x_e * x_e
+                                        gain_bits = (gains >> word_type(16 * e)) & word_type(0xFFFF)
+                                        x_e = x_e * bf16_to_f32(np.uint32(gain_bits))
                                     for r in range(rows):
                                         bits = (words[u, r] >> word_type(16 * e)) & word_type(0xFFFF)
                                         acc[r, t] += x_e * bf16_to_f32(np.uint32(bits))
-                for r in range(rows):
+                for r in range(sums):
                     for t in range(chunk):
                         partial[r, t, tid] = acc[r, t]
                 cuda.syncthreads()
                 stride = threads // 2
                 while stride > 0:
                     if tid < stride:
-                        for r in range(rows):
+                        for r in range(sums):
                             for t in range(chunk):
                                 partial[r, t, tid] += partial[r, t, tid + stride]
                     cuda.syncthreads()
@@ -184,7 +197,19 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                     r = i // chunk
                     t = i - r * chunk
                     if row0 + r < out_features and t0 + t < num_tokens:
-                        out[t0 + t, row0 + r] = partial[r, t, 0]
+                        value = partial[r, t, 0]
+                        if norm:
+                            value *= row_scale(partial[rows, t, 0], in_features, eps)
+                        out[t0 + t, row0 + r] = value
+                        if residual:
+                            residual_out[t0 + t, row0 + r] = value + residual_in[t0 + t, row0 + r]
+                if norm:  # this block's share of normed, for the tokens of this pass
+                    for t in range(min(chunk, num_tokens - t0)):
+                        scale = row_scale(partial[rows, t, 0], in_features, eps)
+                        for k in range(cuda.blockIdx.x * threads + tid, in_features, cuda.gridDim.x * threads):
+                            gain = bf16_to_f32(np.uint32((norm_words[k // word_elements] >> word_type(
+                                16 * (k % word_elements))) & word_type(0xFFFF)))
+                            normed[t0 + t, k] = gain * (x[t0 + t, k] * scale)
                 cuda.syncthreads()  # the next pass overwrites `partial` only after these reads
 
     return kernel
@@ -343,6 +368,32 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     instruction; more than 2 tokens in passes of COALESCED_PASS_TOKENS. in_features must be a multiple of
     word_elements and w_bits C-contiguous (a word view)."""
     out = _check_shapes(x, w_bits, out)
+    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, word_elements)
+    return out
+
+
+def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None):
+    """out = rmsnorm(h) @ W.T in one gemv_coalesced launch (RMSNorm with bf16 gains norm_weight [K] fused in
+    front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it."""
+    out = _check_shapes(h, w_bits, out)
+    normed = device_empty(h.shape, np.float32) if normed is None else normed
+    assert norm_weight.shape == (h.shape[1],) and norm_weight.dtype == np.uint16, norm_weight.shape
+    assert normed.shape == h.shape and normed.dtype == np.float32, normed.shape
+    _launch_gemv_coalesced(h, w_bits, out, norm_weight=norm_weight, eps=eps, normed=normed)
+    return out, normed
+
+
+def gemv_residual(x, w_bits, residual, out=None, residual_out=None):
+    """out = x @ W.T and residual_out = out + residual in one gemv_coalesced launch; returns both."""
+    out = _check_shapes(x, w_bits, out)
+    residual_out = device_empty(out.shape, np.float32) if residual_out is None else residual_out
+    assert residual.shape == out.shape == residual_out.shape, (residual.shape, out.shape, residual_out.shape)
+    _launch_gemv_coalesced(x, w_bits, out, residual=residual, residual_out=residual_out)
+    return out, residual_out
+
+
+def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None, word_elements=None,
+                           norm_weight=None, eps=0.0, normed=None, residual=None, residual_out=None):
     num_tokens, in_features = x.shape
     out_features = w_bits.shape[0]
     if word_elements is None:
@@ -356,13 +407,19 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     if unroll is None:
         unroll = COALESCED_UNROLL if chunk <= 2 else COALESCED_UNROLL_MANY_TOKENS
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
-    if num_tokens > 0 and out_features > 0:
-        row_groups = cdiv(out_features, rows)
-        blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
-        w_words = w_bits.view(np.uint32 if word_elements == 2 else np.uint64)
-        kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements)
-        kernel[blocks, threads, launch_stream()](x, w_words, out)
-    return out
+    if num_tokens == 0 or out_features == 0:
+        return
+    row_groups = cdiv(out_features, rows)
+    blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
+    word_type = np.uint32 if word_elements == 2 else np.uint64
+    w_words = w_bits.view(word_type)
+    norm = norm_weight is not None
+    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None)
+    # unused operands get stand-ins of the right type (a compiled-out branch never touches them)
+    norm_words = norm_weight.view(word_type) if norm else w_words[0]
+    kernel[blocks, threads, launch_stream()](
+        x, w_words, out, norm_words, np.float32(eps), normed if norm else out,
+        out if residual is None else residual, out if residual_out is None else residual_out)
 
 
 def gemm(x, w_bits, out=None):

@@ -6,7 +6,9 @@ from kernels_numba.common import cuda
 from kernels_numba import matmul
 from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_PASS_TOKENS, COALESCED_ROWS,
                                   GEMV_ROWS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemm_splits, gemv,
-                                  gemv_coalesced, linear, linear_kernel_name, linear_ref)
+                                  gemv_coalesced, gemv_residual, gemv_rmsnorm, linear, linear_kernel_name,
+                                  linear_ref)
+from kernels_numba.rmsnorm import rmsnorm_ref
 from tests.helpers import poisoned
 
 OUT_FEATURES = 45  # not a multiple of TILE (16), of a warp, nor of gemv_coalesced's rows per block
@@ -94,6 +96,47 @@ def test_reads_a_row_slice_of_a_bigger_weight(rng, kernel, num_tokens, in_featur
     launch = {"gemv_coalesced": gemv_coalesced, "gemm_blocked": gemm_blocked}[kernel]
     got = launch(cuda.to_device(x), cuda.to_device(stacked)[5:], out=poisoned((num_tokens, OUT_FEATURES), np.float32))
     _assert_close_to_ref(got.copy_to_host(), x, w_bits)
+
+
+# Fused RMSNorm in front: one pass and several (11 tokens = 4 + 4 + 3), uint64 and uint32 words (66).
+@pytest.mark.parametrize("num_tokens", [1, 3, 2 * COALESCED_PASS_TOKENS + 3])
+@pytest.mark.parametrize("in_features", [64, 66])
+def test_gemv_rmsnorm_matches_rmsnorm_then_linear(rng, num_tokens, in_features):
+    """Against linear_ref(rmsnorm_ref(h)). The kernel sums (h g) w and scales once at the end: the dot bound of
+    _assert_close_to_ref with K + 4 terms (the h g products and the scale's own roundings) covers that, and
+    the scale itself, from a differently ordered sum of h^2, is within gamma_K relatively of the reference's:
+    twice the bound covers both. normed (the stage output) is rmsnorm's formula with that scale: within
+    gamma_K + 4u of rmsnorm_ref, relatively."""
+    eps = 1e-5
+    h = (3 * rng.standard_normal((num_tokens, in_features))).astype(np.float32)
+    gains = f32_to_bf16_ref((1 + 0.1 * rng.standard_normal(in_features)).astype(np.float32))
+    _, w_bits = _inputs(rng, num_tokens, in_features)
+    out = poisoned((num_tokens, OUT_FEATURES), np.float32)
+    normed = poisoned((num_tokens, in_features), np.float32)
+    got, got_normed = gemv_rmsnorm(cuda.to_device(h), cuda.to_device(gains), eps, cuda.to_device(w_bits),
+                                   out=out, normed=normed)
+    assert got is out and got_normed is normed
+    got, got_normed = got.copy_to_host(), got_normed.copy_to_host()
+    assert not np.isnan(got).any() and not np.isnan(got_normed).any(), "some outputs were never written"
+    x = rmsnorm_ref(h, gains, eps)
+    gamma = (in_features + 4) * UNIT_ROUNDOFF / (1 - (in_features + 4) * UNIT_ROUNDOFF)
+    abs_dot = np.abs(x).astype(np.float64) @ np.abs(bf16_to_f32_ref(w_bits)).astype(np.float64).T
+    err = np.abs(got.astype(np.float64) - linear_ref(x, w_bits))
+    assert (err <= 2 * gamma * abs_dot).all(), f"max err {err.max()}"
+    assert (np.abs(got_normed - x) <= (gamma + 4 * UNIT_ROUNDOFF) * np.abs(x)).all()
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2 * COALESCED_PASS_TOKENS + 3])
+def test_gemv_residual_adds_the_residual(rng, num_tokens):
+    x, w_bits = _inputs(rng, num_tokens, 66)
+    residual = rng.standard_normal((num_tokens, OUT_FEATURES)).astype(np.float32)
+    out = poisoned((num_tokens, OUT_FEATURES), np.float32)
+    summed = poisoned((num_tokens, OUT_FEATURES), np.float32)
+    got, got_summed = gemv_residual(cuda.to_device(x), cuda.to_device(w_bits), cuda.to_device(residual),
+                                    out=out, residual_out=summed)
+    got = got.copy_to_host()
+    _assert_close_to_ref(got, x, w_bits)
+    np.testing.assert_array_equal(got_summed.copy_to_host(), got + residual)  # one float32 add, as add_rmsnorm
 
 
 def test_gemv_coalesced_rejects_odd_in_features(rng):

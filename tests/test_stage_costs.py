@@ -28,3 +28,19 @@ def test_a_two_sequence_step_costs_what_the_counts_say():
     assert costs["attn"].flops == 4 * (1 + 2 + 3 + 6) * q_width
     assert costs["mlp"].flops == 2 * T * H * 2 * I + 2 * T * I * H + 4 * T * I
     assert costs["input_norm"].bytes == H * 2 + 2 * T * H * 4
+
+
+def test_the_fused_layer_counts_each_launch_where_it_runs():
+    batch = ForwardBatch(token_ids=[1, 2], positions=[4, 7], query_seq=[0, 1], slot_mapping=[4, 11],
+                         block_tables=np.array([[0, 1], [2, 3]]), logits_rows=[0, 1])
+    plain = stage_costs(CONFIG, batch, logits_rows=2)
+    fused = stage_costs(CONFIG, batch, logits_rows=2, fused=True)
+    T, H, I = 2, 8, 12
+    qkv_width = 4 * 2 + 2 * 2 * 2
+    assert fused["input_norm"].flops == plain["input_norm"].flops + plain["q"].flops  # norm + q|k|v
+    assert fused["q"].bytes == T * qkv_width * 2 * 4 and fused["q"].flops == 0  # rope: read q|k|v, write q, k, v
+    assert fused["o_proj"].bytes == plain["o_proj"].bytes + 2 * T * H * 4  # + reading h, writing h + o
+    assert fused["attn_residual"].bytes == fused["output"].flops == 0
+    assert fused["post_norm"].flops == 2 * T * H * 2 * I + 4 * T * H
+    assert fused["mlp"].flops == 2 * T * I * H + 4 * T * I + T * H
+    assert fused["final_norm"] == plain["input_norm"] and fused["attn"] == plain["attn"]

@@ -8,11 +8,15 @@ Per layer (HF LlamaDecoderLayer):
     x = rmsnorm(h) ; q, k, v = rope(x Wq), rope(x Wk), x Wv ; a = attention(q, KV cache) ;
     h = h + a Wo ; x = rmsnorm(h) ; h = h + (silu(x Wg) * (x Wu)) Wd
 
-Launched as 8 kernels per layer on the decode path: q|k|v as one projection then one rope kernel that
-splits it, the KV write, attention, o_proj, a residual add fused with the next RMSNorm, gate|up as one
-projection, silu_mul, down_proj (and the next add_rmsnorm). Every stage keeps its name and output; a
-stage whose output a fused kernel already produced launches nothing and says which stage computed it.
-CUDA graphs (tinyvllm/cuda_graphs.py) record this same generator for decode steps.
+Launched as 10 kernels per layer (prefill, and everything in the simulator): q|k|v as one projection then
+one rope kernel that splits it, the KV write, attention, o_proj, a residual add fused with the next
+RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm). Steps whose projections
+gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 8 kernels): each
+RMSNorm inside the GEMV that reads it (gemv_rmsnorm), each residual add inside the GEMV that feeds it
+(gemv_residual); at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
+Every stage keeps its name and output in both; a stage whose output a fused kernel already produced
+launches nothing and says which stage computed it. CUDA graphs (tinyvllm/cuda_graphs.py) record this same
+generator for decode steps.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import numpy as np
 from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
-from kernels_numba.matmul import linear, linear_kernel_name
+from kernels_numba.matmul import gemv_residual, gemv_rmsnorm, linear, linear_kernel_name
 from kernels_numba.paged_attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
                                            paged_attention_per_query, paged_attention_prefill_gqa,
                                            paged_attention_split_keys, write_kv_paged)
@@ -191,6 +195,7 @@ class ModelRunner:
     weights: DeviceWeights
     kv_pool: KVPool
     inv_freq: np.ndarray  # float32 [head_dim / 2], from kernels_numba.rope.rope_inv_freq
+    fuse_norms: bool | None = None  # the fused-GEMV layer: None = where gemv_coalesced serves (fuses_norms)
 
     def __post_init__(self):
         self.inv_freq = cuda.to_device(self.inv_freq)
@@ -249,6 +254,9 @@ class ModelRunner:
         H, I = c.hidden_size, c.intermediate_size
 
         h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens))
+        if self.fuses_norms(T):
+            logits_out = yield from self._fused_layers(batch, h, attend, attention_kernel, _stage, logits)
+            return logits_out
         x = None  # the next normed input, once a fused add_rmsnorm has computed it with the residual
         layers = w_all.layers
         for i, w in enumerate(layers):
@@ -282,11 +290,64 @@ class ModelRunner:
             h, x = yield from _stage(name("output"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
                 m, h, next_norm, eps), i, show=0)
         x = yield from _stage("final_norm", f"({FUSED} layers.{len(layers) - 1}.output)", lambda: x)
+        logits_out = yield from self._logits_stage(batch, x, _stage, logits)
+        return logits_out
+
+    def fuses_norms(self, num_tokens: int) -> bool:
+        """Whether a step of num_tokens runs the fused-GEMV layer (_fused_layers): when gemv_coalesced serves
+        its projections (decode on a GPU), unless `fuse_norms` says otherwise."""
+        if self.fuse_norms is not None:
+            return self.fuse_norms
+        c = self.config
+        return all(linear_kernel_name(num_tokens, n_in) == "gemv_coalesced"
+                   for n_in in (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size))
+
+    def _fused_layers(self, batch: DeviceBatch, h, attend, attention_kernel: str, _stage, logits: bool):
+        """The layers with every RMSNorm fused in front of the projection that reads it (gemv_rmsnorm) and
+        every residual add behind the projection that feeds it (gemv_residual): per layer two launches fewer
+        than the add_rmsnorm path, and no kernel that only moves activations. Same stages, same outputs (up to
+        float32 rounding: the norm's scale multiplies the dot products instead of the inputs)."""
+        c, w_all = self.config, self.weights
+        T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        eps, I = c.rms_norm_eps, c.intermediate_size
+        positions, slot_mapping = batch.positions, batch.slot_mapping
+        for i, w in enumerate(w_all.layers):
+            k_pool, v_pool = self.kv_pool.layer(i)
+            name = f"layers.{i}.".__add__
+            qkv, _ = yield from _stage(name("input_norm"), "matmul.gemv_rmsnorm (input_norm fused in front of "
+                                       "q|k|v in one)", lambda: gemv_rmsnorm(h, w.input_norm, eps, w.qkv_proj),
+                                       i, show=1)
+            q, k, v = yield from _stage(name("q"), f"rope.rope_qkv (q|k|v projected by {name('input_norm')})",
+                                        lambda: rope_qkv(qkv, positions, self.inv_freq, nh, nkv, hd), i, show=0)
+            k = yield from _stage(name("k"), f"({FUSED} {name('q')})", lambda: k, i)
+            v = yield from _stage(name("v"), f"({FUSED} {name('q')})", lambda: v, i)
+
+            def attention_stage():
+                write_kv_paged(k, v, k_pool, v_pool, slot_mapping)
+                return attend(q, k_pool, v_pool).reshape(T, nh * hd)
+            a = yield from _stage(name("attn"), "paged_attention.write_kv_paged + " + attention_kernel,
+                                  attention_stage, i)
+            _, h = yield from _stage(name("o_proj"), "matmul.gemv_residual (+ the residual add)",
+                                     lambda: gemv_residual(a, w.o_proj, h), i, show=0)
+            h = yield from _stage(name("attn_residual"), f"({FUSED} {name('o_proj')})", lambda: h, i)
+            gate_up, _ = yield from _stage(name("post_norm"), "matmul.gemv_rmsnorm (post_norm fused in front of "
+                                           "gate|up in one)", lambda: gemv_rmsnorm(h, w.post_norm, eps,
+                                                                                   w.gate_up_proj), i, show=1)
+            _, h = yield from _stage(name("mlp"), "activation.silu_mul + matmul.gemv_residual (+ the residual add)",
+                                     lambda: gemv_residual(silu_mul(gate_up[:, :I], gate_up[:, I:]), w.down_proj, h),
+                                     i, show=0)
+            h = yield from _stage(name("output"), f"({FUSED} {name('mlp')})", lambda: h, i)
+        x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
+        logits_out = yield from self._logits_stage(batch, x, _stage, logits)
+        return logits_out
+
+    def _logits_stage(self, batch: DeviceBatch, x, _stage, logits: bool):
         if not logits:
             return None
         if batch.logits_rows is not None:
             x = take_rows(x, batch.logits_rows)
-        out = yield from _stage("logits", matmul(H, rows=x.shape[0]), lambda: linear(x, w_all.lm_head))
+        out = yield from _stage("logits", "matmul." + linear_kernel_name(x.shape[0], self.config.hidden_size),
+                                lambda: linear(x, self.weights.lm_head))
         return out
 
     def _attention_for(self, batch: DeviceBatch):

@@ -23,12 +23,15 @@ class StageCost:
     flops: int
 
 
-def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int) -> dict[str, StageCost]:
+def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fused: bool = False) -> dict[str, StageCost]:
     """Cost of each stage kind of one forward over `batch` (per layer for layer stages), by the stage
     name's last part: embedding, input_norm, q, k, v, attn, o_proj, attn_residual, post_norm, mlp, output,
     final_norm, logits. Fused launches are counted where they run (model_runner's docstring): q is the
     q|k|v projection, attn_residual and output each a residual add + RMSNorm; k, v, post_norm and
-    final_norm launch nothing (input_norm launches only in layer 0)."""
+    final_norm launch nothing (input_norm launches only in layer 0). With `fused` (the fused-GEMV layer,
+    ModelRunner._fused_layers): input_norm and post_norm are RMSNorm + the projection that reads it (the
+    normed rows written once more), q is rope alone, o_proj and mlp end in the residual add, attn_residual
+    and output launch nothing, final_norm is a plain RMSNorm."""
     c = config
     T, H, I, V = batch.num_tokens, c.hidden_size, c.intermediate_size, c.vocab_size
     q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
@@ -52,6 +55,18 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int) -> d
     down = linear(T, I, H)
     none = StageCost(0, 0)
     add_norm = StageCost(H * BF16 + 4 * T * H * F32, 5 * T * H)  # residual add fused with the next RMSNorm
+    if fused:
+        qkv = linear(T, H, q_width + 2 * kv_width)
+        residual_add = StageCost(2 * T * H * F32, T * H)  # reads the residual, writes the sum
+        return {
+            "embedding": StageCost(T * H * (BF16 + F32), 0),
+            "input_norm": StageCost(qkv.bytes + norm(T).bytes, qkv.flops + norm(T).flops),
+            "q": StageCost(2 * T * (q_width + 2 * kv_width) * F32, 0), "k": none, "v": none, "attn": attention,
+            "o_proj": _plus(linear(T, q_width, H), residual_add), "attn_residual": none,
+            "post_norm": StageCost(mlp.bytes + norm(T).bytes, mlp.flops + norm(T).flops),
+            "mlp": _plus(StageCost(down.bytes + 3 * T * I * F32, down.flops + 4 * T * I), residual_add),
+            "output": none, "final_norm": norm(T), "logits": linear(logits_rows, H, V),
+        }
     return {
         "embedding": StageCost(T * H * (BF16 + F32), 0),
         "input_norm": norm(T), "q": linear(T, H, q_width + 2 * kv_width), "k": none, "v": none,
@@ -59,3 +74,7 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int) -> d
         "mlp": StageCost(mlp.bytes + down.bytes + 3 * T * I * F32, mlp.flops + down.flops + 4 * T * I),
         "output": add_norm, "final_norm": none, "logits": linear(logits_rows, H, V),
     }
+
+
+def _plus(a: StageCost, b: StageCost) -> StageCost:
+    return StageCost(a.bytes + b.bytes, a.flops + b.flops)

@@ -244,7 +244,8 @@ def bench_kernels(engines, w: Workloads, cfg, log) -> list[dict]:
             seconds[kind] = seconds.get(kind, 0.0) + stage.seconds
             kernels[kind], counts[kind] = stage.kernel, counts.get(kind, 0) + 1
         batch = engine.last_batch
-        costs = stage_costs(engine.model.config, batch, len(batch.logits_rows))
+        costs = stage_costs(engine.model.config, batch, len(batch.logits_rows),
+                            fused=engine.runner.fuses_norms(batch.num_tokens))
         for kind, elapsed in seconds.items():
             cost, n = costs[kind], counts[kind]
             rows.append({"workload": "kernels", "system": "tinyvllm", "variant": f"{phase} {kind}",
