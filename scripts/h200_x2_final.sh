@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two H200s of one host, at the same time: GPU 0 runs tinyvllm (GPU tests, decode profile, bench
-# latency/prefill/kernels/throughput), GPU 1 runs the 1B-shaped comparison with HF and the
+# latency/prefill/throughput, the gemv and decode-attention sweeps), GPU 1 runs the 1B-shaped comparison with HF and the
 # same bench workloads through HF only; then one merged report (ratios) from both bench.json files.
 #   bash scripts/h200_x2_final.sh    (logs under $OUT)
 set -uo pipefail
@@ -26,6 +26,10 @@ timeout 90 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$O
 echo "profile rc=$?"; grep -E "decode step|captured" "$OUT/profile_decode.log"
 timeout 380 python3 -m tinyvllm.bench $BENCH_ARGS --max-seconds 150 --out "$OUT/bench-tinyvllm" > "$OUT/bench-tinyvllm.log" 2>&1
 echo "tinyvllm bench rc=$?"; grep -E "output tok/s|stopped|TTFT|captured" "$OUT/bench-tinyvllm.log" | tail -12
+timeout 100 python3 scripts/sweep_gemv.py --shapes qkv,o_proj,gate_up,down > "$OUT/sweep_gemv.log" 2>&1
+echo "sweep_gemv rc=$?"; grep -E "best|torch" "$OUT/sweep_gemv.log"
+timeout 60 python3 scripts/sweep_decode_attention.py --cases 8x512,16x512,32x512,256x1024 > "$OUT/sweep_decode_attention.log" 2>&1
+echo "sweep_decode_attention rc=$?"; cat "$OUT/sweep_decode_attention.log"
 wait
 cat "$OUT/gpu1_status.log"; grep -E "^\| [0-9]|Result" "$OUT/gpu_compare.log" | tail -5
 grep -E "output tok/s|stopped" "$OUT/bench-hf.log" | tail -6
