@@ -7,7 +7,8 @@ Launch layout: one thread per (token, head, i < h) on the GPU, grid-stride so th
 small grid; a thread reads both halves of its pair before writing them, so `out` may be `x` itself (in place).
 rope_qkv_kernel: one thread per (token, head of q, k or v, i < h) of the fused projection's output; it
 rotates its pair into q or k, or copies it into v. Both kernels rotate with the same device function.
-Fused because the decode step projects q, k and v with one matmul: one launch splits and rotates all three.
+Fused because the decode step projects q, k and v with one matmul: one launch splits and rotates all three,
+and (given the paged KV pools) stores k and v at their slots as well.
 `rope_inv_freq` (host) builds inv_freq in float32 with the same operations, in the same order, as
 transformers' modeling_rope_utils, so the angles match HF's bit for bit.
 For the supported rope types HF's attention_scaling is 1.0, so cos and sin are not scaled.
@@ -95,30 +96,51 @@ def rope_kernel(x, positions, inv_freq, out):
         out[t, head, i + half] = y2
 
 
-@jit
-def rope_qkv_kernel(qkv, positions, inv_freq, q, k, v):
-    n_tokens = qkv.shape[0]
-    n_heads, head_dim = q.shape[1], q.shape[2]
-    n_kv_heads = k.shape[1]
-    n_all_heads = n_heads + 2 * n_kv_heads
-    half = head_dim // 2
-    for idx in range(cuda.grid(1), n_tokens * n_all_heads * half, cuda.gridsize(1)):
-        i = idx % half
-        head = (idx // half) % n_all_heads  # q heads, then k heads, then v heads
-        t = idx // (half * n_all_heads)
-        x1 = qkv[t, head * head_dim + i]
-        x2 = qkv[t, head * head_dim + i + half]
-        if head < n_heads:
-            y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
-            q[t, head, i] = y1
-            q[t, head, i + half] = y2
-        elif head < n_heads + n_kv_heads:
-            y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
-            k[t, head - n_heads, i] = y1
-            k[t, head - n_heads, i + half] = y2
-        else:
-            v[t, head - n_heads - n_kv_heads, i] = x1
-            v[t, head - n_heads - n_kv_heads, i + half] = x2
+def _rope_qkv_kernel(write_pool: bool):
+    """rope_qkv's kernel; with `write_pool` (a closure constant: the other branch is compiled out) it also
+    stores each token's rotated k and its v at the token's slot of the paged KV pools (slot -1: padding,
+    skipped), the job of paged_attention.write_kv_paged, so a step launches one kernel fewer."""
+
+    @jit
+    def kernel(qkv, positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping):
+        n_tokens = qkv.shape[0]
+        n_heads, head_dim = q.shape[1], q.shape[2]
+        n_kv_heads = k.shape[1]
+        n_all_heads = n_heads + 2 * n_kv_heads
+        half = head_dim // 2
+        block_size = k_pool.shape[1]
+        for idx in range(cuda.grid(1), n_tokens * n_all_heads * half, cuda.gridsize(1)):
+            i = idx % half
+            head = (idx // half) % n_all_heads  # q heads, then k heads, then v heads
+            t = idx // (half * n_all_heads)
+            x1 = qkv[t, head * head_dim + i]
+            x2 = qkv[t, head * head_dim + i + half]
+            slot = slot_mapping[t] if write_pool else -1
+            if head < n_heads:
+                y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
+                q[t, head, i] = y1
+                q[t, head, i + half] = y2
+            elif head < n_heads + n_kv_heads:
+                y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
+                kv_head = head - n_heads
+                k[t, kv_head, i] = y1
+                k[t, kv_head, i + half] = y2
+                if slot >= 0:
+                    k_pool[slot // block_size, slot % block_size, kv_head, i] = y1
+                    k_pool[slot // block_size, slot % block_size, kv_head, i + half] = y2
+            else:
+                kv_head = head - n_heads - n_kv_heads
+                v[t, kv_head, i] = x1
+                v[t, kv_head, i + half] = x2
+                if slot >= 0:
+                    v_pool[slot // block_size, slot % block_size, kv_head, i] = x1
+                    v_pool[slot // block_size, slot % block_size, kv_head, i + half] = x2
+
+    return kernel
+
+
+rope_qkv_kernel = _rope_qkv_kernel(False)
+rope_qkv_write_kv_kernel = _rope_qkv_kernel(True)
 
 
 def rope(x, positions, inv_freq, out=None):
@@ -138,10 +160,13 @@ def rope(x, positions, inv_freq, out=None):
     return out
 
 
-def rope_qkv(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, q_out=None, k_out=None, v_out=None):
+def rope_qkv(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, q_out=None, k_out=None, v_out=None,
+             kv_pools=None, slot_mapping=None):
     """qkv float32 [T, (n_heads + 2 n_kv_heads) * hd] (columns: q heads | k heads | v heads), positions int32
     [T], inv_freq float32 [hd/2] -> (q [T, n_heads, hd], k [T, n_kv_heads, hd], v [T, n_kv_heads, hd]), float32
-    device arrays: q and k rotated exactly as rope() rotates them, v a copy.
+    device arrays: q and k rotated exactly as rope() rotates them, v a copy. With kv_pools = (k_pool, v_pool)
+    ([num_blocks, block_size, n_kv_heads, hd]) and slot_mapping int32 [T]: k and v are also stored at each
+    token's slot, as paged_attention.write_kv_paged stores them (-1 skips).
     """
     n_tokens, width = qkv.shape
     assert head_dim % 2 == 0 and inv_freq.shape == (head_dim // 2,), (head_dim, inv_freq.shape)
@@ -152,10 +177,17 @@ def rope_qkv(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, q_out=None
     k = device_empty(kv_shape, np.float32) if k_out is None else k_out
     v = device_empty(kv_shape, np.float32) if v_out is None else v_out
     assert q.shape == q_shape and k.shape == kv_shape and v.shape == kv_shape, (q.shape, k.shape, v.shape)
+    if kv_pools is None:
+        kernel, k_pool, v_pool, slot_mapping = rope_qkv_kernel, k.reshape((1,) + kv_shape), v.reshape(
+            (1,) + kv_shape), positions  # stand-ins of the right types, never touched
+    else:
+        kernel, (k_pool, v_pool) = rope_qkv_write_kv_kernel, kv_pools
+        assert k_pool.shape == v_pool.shape and k_pool.shape[2:] == kv_shape[1:], (k_pool.shape, kv_shape)
+        assert slot_mapping is not None and slot_mapping.shape == (n_tokens,), "slot_mapping: one slot per token"
     n_pairs = n_tokens * (n_heads + 2 * n_kv_heads) * (head_dim // 2)
     if n_pairs:
         blocks, threads = grid_stride_launch(n_pairs, THREADS)
-        rope_qkv_kernel[blocks, threads, launch_stream()](qkv, positions, inv_freq, q, k, v)
+        kernel[blocks, threads, launch_stream()](qkv, positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping)
     return q, k, v
 
 

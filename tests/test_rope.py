@@ -176,3 +176,28 @@ def test_rope_qkv_allocates_its_outputs(rng):
     assert (q.shape, k.shape, v.shape) == ((2, 2, 8), (2, 1, 8), (2, 1, 8))
     for got, want in zip((q, k, v), rope_qkv_ref(qkv, positions, inv_freq, 2, 1, 8)):
         np.testing.assert_allclose(got.copy_to_host(), want, **TOL)
+
+
+def test_rope_qkv_stores_k_and_v_into_the_paged_pools(rng):
+    """With the pools: k and v land at each token's slot exactly as write_kv_paged_ref puts them (bit for bit:
+    the same values rope_qkv returns), padding slots (-1) write nothing, every other pool entry keeps its value."""
+    from kernels_numba.paged_attention import write_kv_paged_ref
+    n_heads, n_kv_heads, head_dim, block_size, num_blocks = 4, 2, 8, 4, 5
+    n_tokens = 6
+    qkv = rng.standard_normal((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
+    positions = np.array([3, 11, 0, 7, 2, 5], dtype=np.int32)
+    slots = np.array([13, 2, -1, 19, 7, 0], dtype=np.int32)  # scattered over blocks; one padding token
+    inv_freq = rope_inv_freq(head_dim, 10000.0, None)
+    pool_shape = (num_blocks, block_size, n_kv_heads, head_dim)
+    k_pool = rng.standard_normal(pool_shape).astype(np.float32)
+    v_pool = rng.standard_normal(pool_shape).astype(np.float32)
+    d_k_pool, d_v_pool = cuda.to_device(k_pool), cuda.to_device(v_pool)
+    q, k, v = rope_qkv(cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(inv_freq), n_heads,
+                       n_kv_heads, head_dim, kv_pools=(d_k_pool, d_v_pool), slot_mapping=cuda.to_device(slots))
+    k, v = k.copy_to_host(), v.copy_to_host()
+    want_k_pool, want_v_pool = write_kv_paged_ref(k, v, k_pool, v_pool, slots)
+    np.testing.assert_array_equal(d_k_pool.copy_to_host(), want_k_pool)
+    np.testing.assert_array_equal(d_v_pool.copy_to_host(), want_v_pool)
+    for got, want in zip((q.copy_to_host(), k, v), rope_qkv_ref(qkv, positions, inv_freq, n_heads, n_kv_heads,
+                                                                head_dim)):
+        np.testing.assert_allclose(got, want, **TOL)
