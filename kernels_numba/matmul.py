@@ -37,6 +37,7 @@ import numpy as np
 import ml_dtypes
 
 from .bf16 import bf16_to_f32
+from .activation import silu
 from .rmsnorm import row_scale
 from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, SHARED_ALIGN, SHARED_ROW_PAD,
                      launch_stream, device_empty)
@@ -63,14 +64,22 @@ TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no
 # of the block and each weight word 4 per token. Passes of 4 tokens over 8 rows (1 load in flight) give 8
 # FMAs per x load and 16 per weight word in 96 registers; 8 tokens x 2 rows (2 FMAs per x load) ran a
 # batch-64 decode step in 40 ms on the H200.
+# Round 4 (scripts/sweep_gemv.py timing launches inside a CUDA graph, weights from HBM,
+# docs/bench/h200-round4-sweep_gemv.log): at 1-2 tokens 2 loads in flight per row beat 4 on every decode
+# shape, and narrow outputs want wider blocks (fewer blocks, more threads splitting each row): down_proj
+# 16.7 -> 11.5 us with 256 threads, o_proj 6.6 -> 5.5, q|k|v 7.6 -> 6.4 with 128, gate|up 23.1 -> 21.4
+# with 64 (the LM head reads at 4.1 TB/s with 2 or 4, docs/bench/h200-sweep-gemv.log). coalesced_threads
+# picks the block size from the row-group count: the widest of 64, 128, 256 threads that keeps the grid
+# within COALESCED_GRID_THREADS threads.
 COALESCED_ROWS = 4
-COALESCED_UNROLL = 4
+COALESCED_UNROLL = 2
+COALESCED_GRID_THREADS = 128 * 1024
 COALESCED_PASS_TOKENS = 4          # tokens per pass once there are more than 2
 COALESCED_ROWS_MANY_TOKENS = 8
 COALESCED_UNROLL_MANY_TOKENS = 1
 COALESCED_WORD_ELEMENTS = 4       # bf16 per load (uint64 words); 2 (uint32) when in_features is not a multiple
-# 2 warps per block: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread of the
-# block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
+# 2 warps per block past 2 tokens: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread
+# of the block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
 COALESCED_THREADS = 4 if SIMULATOR else 64
 
 # gemm_blocked: a block owns a BLOCK_TOKENS x BLOCK_FEATURES (64 x 64) output tile, a thread a THREAD_TOKENS x
@@ -128,7 +137,7 @@ def gemv_kernel(x, w_bits, out):
 
 @functools.cache
 def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word_elements: int,
-                          norm: bool = False, residual: bool = False):
+                          norm: bool = False, residual: bool = False, swiglu: bool = False):
     """The kernel for one (tokens per pass, block size, rows per block, loads per row in flight, bf16 per
     load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
     unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
@@ -139,10 +148,14 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
     rsqrt(mean(h^2) + eps) * (h * g) @ W.T: the threads already read every h of a token between them, so they
     also sum h^2, the block reduces it beside the dot products, and the scale multiplies the reduced dots.
     The blocks also write normed = g * (h * scale) between them (the stage output). `residual` (residual add
-    behind): besides out, residual_out = out + residual."""
+    behind): besides out, residual_out = out + residual. `swiglu` (the MLP's gate behind): W is [Wg; Wu]
+    stacked ([2 I, K]) and out [T, I] = silu(x Wg) * (x Wu); a block's first rows / 2 rows are gate rows
+    and the rest the matching up rows, so each output's pair of dot products meets in one block."""
     word_type = np.uint32 if word_elements == 2 else np.uint64
-    assert word_elements in (2, 4)
+    assert word_elements in (2, 4) and (rows % 2 == 0 or not swiglu)
     sums = rows + 1 if norm else rows  # the block reduces rows dot products (and h^2 with norm) per token
+    half = rows // 2
+    outputs = half if swiglu else rows  # output columns per block
 
     @jit
     def kernel(x, w_words, out, norm_words, eps, normed, residual_in, residual_out):
@@ -151,9 +164,10 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
         words = cuda.local.array((unroll, rows), word_type)
         tid = cuda.threadIdx.x
         num_tokens, in_features = x.shape
-        out_features, words_per_row = w_words.shape
+        weight_rows, words_per_row = w_words.shape
+        out_features = weight_rows // 2 if swiglu else weight_rows
         step = threads * unroll
-        for row0 in range(cuda.blockIdx.x * rows, out_features, cuda.gridDim.x * rows):
+        for row0 in range(cuda.blockIdx.x * outputs, out_features, cuda.gridDim.x * outputs):
             for t0 in range(0, num_tokens, chunk):
                 for r in range(sums):
                     for t in range(chunk):
@@ -164,7 +178,11 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                     for u in range(unroll):
                         word = min(first_word + u * threads, words_per_row - 1)
                         for r in range(rows):
-                            words[u, r] = w_words[min(row0 + r, out_features - 1), word]
+                            if swiglu:  # gate row, or the up row I further down
+                                row = (r // half) * out_features + min(row0 + r % half, out_features - 1)
+                            else:
+                                row = min(row0 + r, out_features - 1)
+                            words[u, r] = w_words[row, word]
                     for u in range(unroll):
                         word = first_word + u * threads
                         if word < words_per_row:
@@ -193,13 +211,18 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                                 partial[r, t, tid] += partial[r, t, tid + stride]
                     cuda.syncthreads()
                     stride //= 2
-                for i in range(tid, rows * chunk, threads):
+                for i in range(tid, outputs * chunk, threads):
                     r = i // chunk
                     t = i - r * chunk
                     if row0 + r < out_features and t0 + t < num_tokens:
                         value = partial[r, t, 0]
                         if norm:
                             value *= row_scale(partial[rows, t, 0], in_features, eps)
+                        if swiglu:
+                            up = partial[r + half, t, 0]
+                            if norm:
+                                up *= row_scale(partial[rows, t, 0], in_features, eps)
+                            value = silu(value) * up
                         out[t0 + t, row0 + r] = value
                         if residual:
                             residual_out[t0 + t, row0 + r] = value + residual_in[t0 + t, row0 + r]
@@ -372,14 +395,21 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     return out
 
 
-def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None):
+def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=False):
     """out = rmsnorm(h) @ W.T in one gemv_coalesced launch (RMSNorm with bf16 gains norm_weight [K] fused in
-    front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it."""
-    out = _check_shapes(h, w_bits, out)
+    front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it.
+    With `swiglu`, w_bits is [Wg; Wu] ([2 I, K]) and out [T, I] = silu(x Wg) * (x Wu), x = rmsnorm(h)."""
+    if swiglu:
+        assert w_bits.shape[0] % 2 == 0, f"swiglu needs [Wg; Wu] stacked, got {w_bits.shape[0]} rows"
+        out = device_empty((h.shape[0], w_bits.shape[0] // 2), np.float32) if out is None else out
+        assert out.shape == (h.shape[0], w_bits.shape[0] // 2), (out.shape, w_bits.shape)
+        _check_shapes(h, w_bits[:1], out[:, :1])
+    else:
+        out = _check_shapes(h, w_bits, out)
     normed = device_empty(h.shape, np.float32) if normed is None else normed
     assert norm_weight.shape == (h.shape[1],) and norm_weight.dtype == np.uint16, norm_weight.shape
     assert normed.shape == h.shape and normed.dtype == np.float32, normed.shape
-    _launch_gemv_coalesced(h, w_bits, out, norm_weight=norm_weight, eps=eps, normed=normed)
+    _launch_gemv_coalesced(h, w_bits, out, norm_weight=norm_weight, eps=eps, normed=normed, swiglu=swiglu)
     return out, normed
 
 
@@ -392,29 +422,43 @@ def gemv_residual(x, w_bits, residual, out=None, residual_out=None):
     return out, residual_out
 
 
+def coalesced_threads(row_groups: int) -> int:
+    """gemv_coalesced's block size at 1-2 tokens: 64, 128 or 256, the widest whose grid of row_groups blocks
+    stays within COALESCED_GRID_THREADS threads (Llama-3.2-1B: down_proj and o_proj 256, q|k|v 128, gate|up
+    and the LM head 64). The simulator's blocks stay at COALESCED_THREADS."""
+    if SIMULATOR:
+        return COALESCED_THREADS
+    threads = 64
+    while threads < 256 and row_groups * threads * 2 <= COALESCED_GRID_THREADS:
+        threads *= 2
+    return threads
+
+
 def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None, word_elements=None,
-                           norm_weight=None, eps=0.0, normed=None, residual=None, residual_out=None):
+                           norm_weight=None, eps=0.0, normed=None, residual=None, residual_out=None, swiglu=False):
     num_tokens, in_features = x.shape
-    out_features = w_bits.shape[0]
+    out_features = out.shape[1]
     if word_elements is None:
         word_elements = COALESCED_WORD_ELEMENTS if in_features % COALESCED_WORD_ELEMENTS == 0 else 2
     assert in_features % word_elements == 0, (
         f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
-    threads = COALESCED_THREADS if threads is None else threads
     chunk = num_tokens if num_tokens <= 2 else COALESCED_PASS_TOKENS
     if rows is None:
         rows = COALESCED_ROWS if chunk <= 2 else COALESCED_ROWS_MANY_TOKENS
+    outputs_per_block = rows // 2 if swiglu else rows
+    if threads is None:
+        threads = coalesced_threads(cdiv(out_features, outputs_per_block)) if chunk <= 2 else COALESCED_THREADS
     if unroll is None:
         unroll = COALESCED_UNROLL if chunk <= 2 else COALESCED_UNROLL_MANY_TOKENS
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     if num_tokens == 0 or out_features == 0:
         return
-    row_groups = cdiv(out_features, rows)
+    row_groups = cdiv(out_features, outputs_per_block)
     blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
     word_type = np.uint32 if word_elements == 2 else np.uint64
     w_words = w_bits.view(word_type)
     norm = norm_weight is not None
-    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None)
+    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None, swiglu)
     # unused operands get stand-ins of the right type (a compiled-out branch never touches them)
     norm_words = norm_weight.view(word_type) if norm else w_words[0]
     kernel[blocks, threads, launch_stream()](

@@ -8,6 +8,7 @@ from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESC
                                   GEMV_ROWS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemm_splits, gemv,
                                   gemv_coalesced, gemv_residual, gemv_rmsnorm, linear, linear_kernel_name,
                                   linear_ref)
+from kernels_numba.activation import silu_mul_ref, silu_ref
 from kernels_numba.rmsnorm import rmsnorm_ref
 from tests.helpers import poisoned
 
@@ -127,6 +128,33 @@ def test_gemv_rmsnorm_matches_rmsnorm_then_linear(rng, num_tokens, in_features):
 
 
 @pytest.mark.parametrize("num_tokens", [1, 2 * COALESCED_PASS_TOKENS + 3])
+def test_gemv_rmsnorm_swiglu_matches_the_mlp_gate(rng, num_tokens):
+    """[Wg; Wu] stacked, out = silu(x Wg) * (x Wu) with x = rmsnorm(h). Each dot product is within the bound
+    above (e_g, e_u); silu's slope is below 1.1, so the gate moves silu by at most 1.1 e_g, the up row by e_u
+    times |silu|; silu itself and the product add a few roundings (8 u of the result)."""
+    eps, intermediate, in_features = 1e-5, 23, 64  # 23 outputs: a partial last block of gate/up pairs
+    h = (3 * rng.standard_normal((num_tokens, in_features))).astype(np.float32)
+    gains = f32_to_bf16_ref((1 + 0.1 * rng.standard_normal(in_features)).astype(np.float32))
+    _, w_bits = _inputs(rng, num_tokens, in_features, out_features=2 * intermediate)
+    out = poisoned((num_tokens, intermediate), np.float32)
+    got, _ = gemv_rmsnorm(cuda.to_device(h), cuda.to_device(gains), eps, cuda.to_device(w_bits), out=out,
+                          swiglu=True)
+    got = got.copy_to_host()
+    assert not np.isnan(got).any(), "some outputs were never written"
+    x = rmsnorm_ref(h, gains, eps)
+    gate, up = linear_ref(x, w_bits[:intermediate]), linear_ref(x, w_bits[intermediate:])
+    gamma = (in_features + 4) * UNIT_ROUNDOFF / (1 - (in_features + 4) * UNIT_ROUNDOFF)
+    abs_w = np.abs(bf16_to_f32_ref(w_bits)).astype(np.float64)
+    e_gate = 2 * gamma * (np.abs(x).astype(np.float64) @ abs_w[:intermediate].T)
+    e_up = 2 * gamma * (np.abs(x).astype(np.float64) @ abs_w[intermediate:].T)
+    want = silu_mul_ref(gate, up).astype(np.float64)
+    silu_gate = np.abs(silu_ref(gate)).astype(np.float64)
+    bound = 1.1 * e_gate * (np.abs(up) + e_up) + silu_gate * e_up + 8 * UNIT_ROUNDOFF * np.abs(want)
+    err = np.abs(got - want)
+    assert (err <= bound).all(), f"max err {err.max()}"
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2 * COALESCED_PASS_TOKENS + 3])
 def test_gemv_residual_adds_the_residual(rng, num_tokens):
     x, w_bits = _inputs(rng, num_tokens, 66)
     residual = rng.standard_normal((num_tokens, OUT_FEATURES)).astype(np.float32)
@@ -236,3 +264,13 @@ def test_linear_matches_ref_and_fills_given_out(rng, num_tokens):
     got = linear(cuda.to_device(x), cuda.to_device(w_bits), out=out)
     assert got is out
     _assert_close_to_ref(out.copy_to_host(), x, w_bits)
+
+
+def test_coalesced_threads_is_the_widest_block_within_the_grid_budget(monkeypatch):
+    monkeypatch.setattr(matmul, "SIMULATOR", False)  # the GPU rule (the simulator keeps its 4-thread blocks)
+    budget = matmul.COALESCED_GRID_THREADS
+    for row_groups in (1, 100, 512, 513, 768, 1024, 4096, 32064):
+        threads = matmul.coalesced_threads(row_groups)
+        assert threads in (64, 128, 256)
+        assert threads == 64 or row_groups * threads <= budget
+        assert threads == 256 or row_groups * threads * 2 > budget
