@@ -75,37 +75,47 @@ def main() -> int:
     goldens = Goldens(Path("hf-live"), {"source": "HF transformers live on this GPU"}, [
         {"input_ids": np.array(ids, np.int32), **stages, "greedy_ids": np.array(greedy, np.int32)}
         for ids, stages, greedy in zip(prompt_ids, hf_stages, hf_greedy)])
+    # no prefix caching: the second pass below must prefill each prompt whole again
     engine = timed("tinyvllm load + upload", lambda: LLMEngine(model_dir, EngineConfig(
-        num_blocks=256, max_model_len=1024, max_num_batched_tokens=2048)))
+        num_blocks=256, max_model_len=1024, max_num_batched_tokens=2048, enable_prefix_caching=False)))
     from tinyvllm.sampling_params import SamplingParams
     timed("tinyvllm warm-up (numba compile)", lambda: engine.generate(
         [prompt_ids[0], prompt_ids[1][:3]], SamplingParams(temperature=0.0, max_tokens=2)))
     report = timed(f"tinyvllm check: stages of {len(PROMPTS)} prompts + greedy {args.new_tokens} tokens",
                    lambda: check_goldens(engine, goldens, rtol=rtol))
-    results = [[r for r in report.stages if r.prompt == p] for p in range(len(PROMPTS))]
-    completions = report.greedy
+    # Then each prompt in a step of its own: prompts of up to 32 tokens then run the fused-GEMV layer
+    # (ModelRunner._fused_layers, what decode steps run) stage by stage; all together they are 74 tokens.
+    alone = timed(f"tinyvllm check: each prompt in its own step", lambda: [check_goldens(
+        engine, Goldens(goldens.path, goldens.meta, [prompt]), rtol=rtol) for prompt in goldens.prompts])
+    passes = [("all in one step", [[r for r in report.stages if r.prompt == p] for p in range(len(PROMPTS))],
+               report.greedy),
+              ("alone", [one.stages for one in alone], [one.greedy[0] for one in alone])]
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (simulator dry run)"
     lines = [f"# tinyvllm vs HF transformers on {device}",
              "", f"Model: seeded random BF16 weights of the exact Llama-3.2-1B shape ({model_dir}); "
              f"HF transformers {__import__('transformers').__version__} float32 on the same bf16 weights; "
              f"torch {torch.__version__}.", f"Stage passes when max|ours-HF|/max|HF| <= {rtol:g}.", "",
-             "| prompt | tokens | stages passed | worst stage | worst rel err | logits rel err | greedy agree |",
-             "|---|---|---|---|---|---|---|"]
+             "| prefill | prompt | tokens | first-step layer | stages passed | worst stage | worst rel err | "
+             "logits rel err | greedy agree |", "|---|---|---|---|---|---|---|---|---|"]
     all_ok = True
     summary = []
-    for p, (stages, greedy, golden_ids) in enumerate(zip(results, completions, hf_greedy)):
-        passed = sum(s.passed for s in stages)
-        worst = max(stages, key=lambda s: s.max_rel)
-        logits = next(s for s in stages if s.stage == "logits")
-        agree = greedy.agreeing_prefix
-        all_ok &= passed == len(stages) and agree == len(golden_ids)
-        lines.append(f"| {p} | {len(prompt_ids[p])} | {passed}/{len(stages)} | {worst.stage} | "
-                     f"{worst.max_rel:.2e} | {logits.max_rel:.2e} | {agree}/{len(golden_ids)} |")
-        summary.append({"prompt": p, "prompt_tokens": len(prompt_ids[p]), "stages_passed": passed,
-                        "stages": len(stages), "greedy_agree": agree, "greedy_total": len(golden_ids),
-                        "per_stage": [{"stage": s.stage, "max_abs": s.max_abs, "max_rel": s.max_rel}
-                                      for s in stages]})
+    for mode, results, completions in passes:
+        for p, (stages, greedy, golden_ids) in enumerate(zip(results, completions, hf_greedy)):
+            passed = sum(s.passed for s in stages)
+            worst = max(stages, key=lambda s: s.max_rel)
+            logits = next(s for s in stages if s.stage == "logits")
+            agree = greedy.agreeing_prefix
+            step_tokens = len(prompt_ids[p]) if mode == "alone" else sum(map(len, prompt_ids))
+            layer = "fused-GEMV" if engine.runner.fuses_norms(step_tokens) else "add_rmsnorm"
+            all_ok &= passed == len(stages) and agree == len(golden_ids)
+            lines.append(f"| {mode} | {p} | {len(prompt_ids[p])} | {layer} | {passed}/{len(stages)} | {worst.stage} | "
+                         f"{worst.max_rel:.2e} | {logits.max_rel:.2e} | {agree}/{len(golden_ids)} |")
+            summary.append({"prefill": mode, "prompt": p, "prompt_tokens": len(prompt_ids[p]), "layer": layer,
+                            "stages_passed": passed, "stages": len(stages), "greedy_agree": agree,
+                            "greedy_total": len(golden_ids),
+                            "per_stage": [{"stage": s.stage, "max_abs": s.max_abs, "max_rel": s.max_rel}
+                                          for s in stages]})
     lines += ["", "Wall time (s): " + ", ".join(f"{k}: {v:.1f}" for k, v in timings.items()), "",
               "Result: " + ("PASS" if all_ok else "FAIL")]
     report = "\n".join(lines)

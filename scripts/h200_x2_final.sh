@@ -2,7 +2,7 @@
 # Two H200s of one host, at the same time: GPU 0 runs tinyvllm (GPU tests, decode profile, bench
 # latency/prefill/throughput, the gemv and decode-attention sweeps), GPU 1 runs the 1B-shaped comparison with HF and the
 # same bench workloads through HF only; then one merged report (ratios) from both bench.json files.
-#   bash scripts/h200_x2_final.sh    (logs under $OUT)
+#   bash scripts/h200_x2_final.sh    (logs under $OUT; SWEEPS=0 skips the two sweeps)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
@@ -26,10 +26,13 @@ timeout 90 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$O
 echo "profile rc=$?"; grep -E "decode step|captured" "$OUT/profile_decode.log"
 timeout 380 python3 -m tinyvllm.bench $BENCH_ARGS --max-seconds 150 --out "$OUT/bench-tinyvllm" > "$OUT/bench-tinyvllm.log" 2>&1
 echo "tinyvllm bench rc=$?"; grep -E "output tok/s|stopped|TTFT|captured" "$OUT/bench-tinyvllm.log" | tail -12
-timeout 100 python3 scripts/sweep_gemv.py --shapes qkv,o_proj,gate_up,down > "$OUT/sweep_gemv.log" 2>&1
-echo "sweep_gemv rc=$?"; grep -E "best|torch" "$OUT/sweep_gemv.log"
-timeout 60 python3 scripts/sweep_decode_attention.py --cases 8x512,16x512,32x512,256x1024 > "$OUT/sweep_decode_attention.log" 2>&1
-echo "sweep_decode_attention rc=$?"; cat "$OUT/sweep_decode_attention.log"
+if [ "${SWEEPS:-1}" = 1 ]; then  # SWEEPS=0 skips them
+  timeout 100 python3 scripts/sweep_gemv.py --shapes qkv,o_proj,gate_up,down > "$OUT/sweep_gemv.log" 2>&1
+  echo "sweep_gemv rc=$?"; grep -E "best|torch" "$OUT/sweep_gemv.log"
+  timeout 60 python3 scripts/sweep_decode_attention.py --cases 8x512,16x512,32x512,256x1024 \
+    > "$OUT/sweep_decode_attention.log" 2>&1
+  echo "sweep_decode_attention rc=$?"; cat "$OUT/sweep_decode_attention.log"
+fi
 wait
 cat "$OUT/gpu1_status.log"; grep -E "^\| [0-9]|Result" "$OUT/gpu_compare.log" | tail -5
 grep -E "output tok/s|stopped" "$OUT/bench-hf.log" | tail -6

@@ -19,12 +19,12 @@ def test_a_two_sequence_step_costs_what_the_counts_say():
     q_width, kv_width = 4 * 2, 2 * 2
     qkv_width = q_width + 2 * kv_width  # q, k and v are one projection
     assert costs["q"].flops == 2 * T * H * qkv_width
-    assert costs["q"].bytes == qkv_width * H * 2 + T * (H + qkv_width) * 4
+    assert costs["q"].bytes == qkv_width * H * 2 + T * (H + qkv_width) * 4 + T * 2 * kv_width * 4  # + K/V write
     assert costs["k"].bytes == costs["post_norm"].flops == 0
     assert costs["output"].bytes == H * 2 + 4 * T * H * 4  # reads m, h; writes h, x; one norm weight
     assert costs["logits"].flops == 2 * 2 * H * V
     # keys: sequence 0 holds 3, sequence 1 holds 6; each K and V row is kv_width float32
-    assert costs["attn"].bytes == (3 + 6) * kv_width * 2 * 4 + T * (2 * kv_width + 2 * q_width) * 4
+    assert costs["attn"].bytes == (3 + 6) * kv_width * 2 * 4 + T * 2 * q_width * 4
     assert costs["attn"].flops == 4 * (1 + 2 + 3 + 6) * q_width
     assert costs["mlp"].flops == 2 * T * H * 2 * I + 2 * T * I * H + 4 * T * I
     assert costs["input_norm"].bytes == H * 2 + 2 * T * H * 4
@@ -38,9 +38,11 @@ def test_the_fused_layer_counts_each_launch_where_it_runs():
     T, H, I = 2, 8, 12
     qkv_width = 4 * 2 + 2 * 2 * 2
     assert fused["input_norm"].flops == plain["input_norm"].flops + plain["q"].flops  # norm + q|k|v
-    assert fused["q"].bytes == T * qkv_width * 2 * 4 and fused["q"].flops == 0  # rope: read q|k|v, write q, k, v
+    # rope: read q|k|v, write q, k, v, and k, v into the pool
+    assert fused["q"].bytes == T * qkv_width * 2 * 4 + T * 2 * 2 * 2 * 4 and fused["q"].flops == 0
     assert fused["o_proj"].bytes == plain["o_proj"].bytes + 2 * T * H * 4  # + reading h, writing h + o
     assert fused["attn_residual"].bytes == fused["output"].flops == 0
-    assert fused["post_norm"].flops == 2 * T * H * 2 * I + 4 * T * H
-    assert fused["mlp"].flops == 2 * T * I * H + 4 * T * I + T * H
+    assert fused["post_norm"].flops == 2 * T * H * 2 * I + 4 * T * I + 4 * T * H  # gate|up, silu * up, norm
+    assert fused["post_norm"].bytes == 2 * I * H * 2 + T * (H + I) * 4 + H * 2 + 2 * T * H * 4
+    assert fused["mlp"].flops == 2 * T * I * H + T * H
     assert fused["final_norm"] == plain["input_norm"] and fused["attn"] == plain["attn"]

@@ -121,7 +121,7 @@ def check_goldens(engine: LLMEngine, goldens: Goldens, rtol: float = DEFAULT_RTO
 
     n_new = max((len(g["greedy_ids"]) for g in goldens.prompts if "greedy_ids" in g), default=1)
     params = SamplingParams(temperature=0.0, max_tokens=n_new if check_greedy else 1, ignore_eos=True)
-    request_ids = {engine.add_request(g["input_ids"].tolist(), params, request_id=f"golden-{p}"): p
+    request_ids = {engine.add_request(g["input_ids"].tolist(), params): p  # engine-made ids: checks can repeat
                    for p, g in enumerate(goldens.prompts)}
     for r in request_ids:
         if engine.request(r).error:

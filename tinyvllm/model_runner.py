@@ -8,12 +8,13 @@ Per layer (HF LlamaDecoderLayer):
     x = rmsnorm(h) ; q, k, v = rope(x Wq), rope(x Wk), x Wv ; a = attention(q, KV cache) ;
     h = h + a Wo ; x = rmsnorm(h) ; h = h + (silu(x Wg) * (x Wu)) Wd
 
-Launched as 10 kernels per layer (prefill, and everything in the simulator): q|k|v as one projection then
-one rope kernel that splits it, the KV write, attention, o_proj, a residual add fused with the next
-RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm). Steps whose projections
-gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 8 kernels): each
-RMSNorm inside the GEMV that reads it (gemv_rmsnorm), each residual add inside the GEMV that feeds it
-(gemv_residual); at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
+Launched as 9 kernels per layer (prefill, and everything in the simulator): q|k|v as one projection then
+one rope kernel that splits it and writes K/V into the paged pool, attention, o_proj, a residual add fused
+with the next RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm). Steps whose
+projections gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 6
+kernels): each RMSNorm inside the GEMV that reads it (gemv_rmsnorm), the SwiGLU gate behind gate|up, each
+residual add inside the GEMV that feeds it (gemv_residual); at batch 1 the two add_rmsnorm launches cost
+~9 us each, as much as a 12 MB projection.
 Every stage keeps its name and output in both; a stage whose output a fused kernel already produced
 launches nothing and says which stage computed it. CUDA graphs (tinyvllm/cuda_graphs.py) record this same
 generator for decode steps.
@@ -32,7 +33,7 @@ from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.matmul import gemv_residual, gemv_rmsnorm, linear, linear_kernel_name
 from kernels_numba.paged_attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
                                            paged_attention_per_query, paged_attention_prefill_gqa,
-                                           paged_attention_split_keys, write_kv_paged)
+                                           paged_attention_split_keys)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
 
@@ -266,16 +267,14 @@ class ModelRunner:
                 x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
             else:
                 x = yield from _stage(name("input_norm"), f"({FUSED} layers.{i - 1}.output)", lambda: x, i)
-            q, k, v = yield from _stage(name("q"), matmul(H) + " (q|k|v in one) + rope.rope_qkv", lambda: rope_qkv(
-                linear(x, w.qkv_proj), positions, self.inv_freq, nh, nkv, hd), i, show=0)
+            q, k, v = yield from _stage(name("q"), matmul(H) + " (q|k|v in one) + rope.rope_qkv (+ the K/V write)",
+                                        lambda: rope_qkv(linear(x, w.qkv_proj), positions, self.inv_freq, nh, nkv, hd,
+                                                         kv_pools=(k_pool, v_pool), slot_mapping=slot_mapping),
+                                        i, show=0)
             k = yield from _stage(name("k"), f"({FUSED} {name('q')})", lambda: k, i)
             v = yield from _stage(name("v"), f"({FUSED} {name('q')})", lambda: v, i)
-
-            def attention_stage():
-                write_kv_paged(k, v, k_pool, v_pool, slot_mapping)
-                return attend(q, k_pool, v_pool).reshape(T, nh * hd)
-            a = yield from _stage(name("attn"), "paged_attention.write_kv_paged + " + attention_kernel,
-                                  attention_stage, i)
+            a = yield from _stage(name("attn"), attention_kernel,
+                                  lambda: attend(q, k_pool, v_pool).reshape(T, nh * hd), i)
             o = yield from _stage(name("o_proj"), matmul(nh * hd), lambda: linear(a, w.o_proj), i)
             h, x = yield from _stage(name("attn_residual"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
                 o, h, w.post_norm, eps), i, show=0)
@@ -303,13 +302,14 @@ class ModelRunner:
                    for n_in in (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size))
 
     def _fused_layers(self, batch: DeviceBatch, h, attend, attention_kernel: str, _stage, logits: bool):
-        """The layers with every RMSNorm fused in front of the projection that reads it (gemv_rmsnorm) and
-        every residual add behind the projection that feeds it (gemv_residual): per layer two launches fewer
-        than the add_rmsnorm path, and no kernel that only moves activations. Same stages, same outputs (up to
-        float32 rounding: the norm's scale multiplies the dot products instead of the inputs)."""
+        """The layers with every RMSNorm fused in front of the projection that reads it (gemv_rmsnorm), the
+        SwiGLU gate behind gate|up, and every residual add behind the projection that feeds it (gemv_residual):
+        per layer three launches fewer than the add_rmsnorm path, and no kernel that only moves activations.
+        Same stages, same outputs (up to float32 rounding: the norm's scale multiplies the dot products
+        instead of the inputs)."""
         c, w_all = self.config, self.weights
         T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        eps, I = c.rms_norm_eps, c.intermediate_size
+        eps = c.rms_norm_eps
         positions, slot_mapping = batch.positions, batch.slot_mapping
         for i, w in enumerate(w_all.layers):
             k_pool, v_pool = self.kv_pool.layer(i)
@@ -317,25 +317,22 @@ class ModelRunner:
             qkv, _ = yield from _stage(name("input_norm"), "matmul.gemv_rmsnorm (input_norm fused in front of "
                                        "q|k|v in one)", lambda: gemv_rmsnorm(h, w.input_norm, eps, w.qkv_proj),
                                        i, show=1)
-            q, k, v = yield from _stage(name("q"), f"rope.rope_qkv (q|k|v projected by {name('input_norm')})",
-                                        lambda: rope_qkv(qkv, positions, self.inv_freq, nh, nkv, hd), i, show=0)
+            q, k, v = yield from _stage(name("q"), f"rope.rope_qkv (+ the K/V write; q|k|v projected by "
+                                        f"{name('input_norm')})", lambda: rope_qkv(
+                                            qkv, positions, self.inv_freq, nh, nkv, hd, kv_pools=(k_pool, v_pool),
+                                            slot_mapping=slot_mapping), i, show=0)
             k = yield from _stage(name("k"), f"({FUSED} {name('q')})", lambda: k, i)
             v = yield from _stage(name("v"), f"({FUSED} {name('q')})", lambda: v, i)
-
-            def attention_stage():
-                write_kv_paged(k, v, k_pool, v_pool, slot_mapping)
-                return attend(q, k_pool, v_pool).reshape(T, nh * hd)
-            a = yield from _stage(name("attn"), "paged_attention.write_kv_paged + " + attention_kernel,
-                                  attention_stage, i)
+            a = yield from _stage(name("attn"), attention_kernel,
+                                  lambda: attend(q, k_pool, v_pool).reshape(T, nh * hd), i)
             _, h = yield from _stage(name("o_proj"), "matmul.gemv_residual (+ the residual add)",
                                      lambda: gemv_residual(a, w.o_proj, h), i, show=0)
             h = yield from _stage(name("attn_residual"), f"({FUSED} {name('o_proj')})", lambda: h, i)
-            gate_up, _ = yield from _stage(name("post_norm"), "matmul.gemv_rmsnorm (post_norm fused in front of "
-                                           "gate|up in one)", lambda: gemv_rmsnorm(h, w.post_norm, eps,
-                                                                                   w.gate_up_proj), i, show=1)
-            _, h = yield from _stage(name("mlp"), "activation.silu_mul + matmul.gemv_residual (+ the residual add)",
-                                     lambda: gemv_residual(silu_mul(gate_up[:, :I], gate_up[:, I:]), w.down_proj, h),
-                                     i, show=0)
+            gated, _ = yield from _stage(name("post_norm"), "matmul.gemv_rmsnorm (post_norm fused in front of "
+                                         "gate|up in one, silu(gate) * up behind)", lambda: gemv_rmsnorm(
+                                             h, w.post_norm, eps, w.gate_up_proj, swiglu=True), i, show=1)
+            _, h = yield from _stage(name("mlp"), f"matmul.gemv_residual (+ the residual add; silu(gate) * up from "
+                                     f"{name('post_norm')})", lambda: gemv_residual(gated, w.down_proj, h), i, show=0)
             h = yield from _stage(name("output"), f"({FUSED} {name('mlp')})", lambda: h, i)
         x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
         logits_out = yield from self._logits_stage(batch, x, _stage, logits)

@@ -27,11 +27,11 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     """Cost of each stage kind of one forward over `batch` (per layer for layer stages), by the stage
     name's last part: embedding, input_norm, q, k, v, attn, o_proj, attn_residual, post_norm, mlp, output,
     final_norm, logits. Fused launches are counted where they run (model_runner's docstring): q is the
-    q|k|v projection, attn_residual and output each a residual add + RMSNorm; k, v, post_norm and
+    q|k|v projection and the K/V write, attn_residual and output each a residual add + RMSNorm; k, v, post_norm and
     final_norm launch nothing (input_norm launches only in layer 0). With `fused` (the fused-GEMV layer,
     ModelRunner._fused_layers): input_norm and post_norm are RMSNorm + the projection that reads it (the
-    normed rows written once more), q is rope alone, o_proj and mlp end in the residual add, attn_residual
-    and output launch nothing, final_norm is a plain RMSNorm."""
+    normed rows written once more; post_norm also the SwiGLU gate), q is rope alone, o_proj and mlp (down_proj
+    alone) end in the residual add, attn_residual and output launch nothing, final_norm is a plain RMSNorm."""
     c = config
     T, H, I, V = batch.num_tokens, c.hidden_size, c.intermediate_size, c.vocab_size
     q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
@@ -49,8 +49,8 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
         context[seq] = max(context.get(seq, 0), pos + 1)
     kv_bytes = sum(context.values()) * kv_width * 2 * F32
     visible_keys = int(np.sum(batch.positions.astype(np.int64) + 1))
-    attention = StageCost(kv_bytes + T * (2 * kv_width + 2 * q_width) * F32,
-                          4 * visible_keys * q_width)
+    attention = StageCost(kv_bytes + T * 2 * q_width * F32, 4 * visible_keys * q_width)  # q in, output out
+    kv_write = StageCost(T * 2 * kv_width * F32, 0)  # rope_qkv stores each token's k and v in the pool
     mlp = linear(T, H, 2 * I)
     down = linear(T, I, H)
     none = StageCost(0, 0)
@@ -61,15 +61,17 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
         return {
             "embedding": StageCost(T * H * (BF16 + F32), 0),
             "input_norm": StageCost(qkv.bytes + norm(T).bytes, qkv.flops + norm(T).flops),
-            "q": StageCost(2 * T * (q_width + 2 * kv_width) * F32, 0), "k": none, "v": none, "attn": attention,
+            "q": _plus(StageCost(2 * T * (q_width + 2 * kv_width) * F32, 0), kv_write), "k": none, "v": none,
+            "attn": attention,
             "o_proj": _plus(linear(T, q_width, H), residual_add), "attn_residual": none,
-            "post_norm": StageCost(mlp.bytes + norm(T).bytes, mlp.flops + norm(T).flops),
-            "mlp": _plus(StageCost(down.bytes + 3 * T * I * F32, down.flops + 4 * T * I), residual_add),
+            # gate|up with the norm in front and silu(gate) * up behind: writes T x I, not T x 2I
+            "post_norm": StageCost(mlp.bytes - T * I * F32 + norm(T).bytes, mlp.flops + 4 * T * I + norm(T).flops),
+            "mlp": _plus(down, residual_add),
             "output": none, "final_norm": norm(T), "logits": linear(logits_rows, H, V),
         }
     return {
         "embedding": StageCost(T * H * (BF16 + F32), 0),
-        "input_norm": norm(T), "q": linear(T, H, q_width + 2 * kv_width), "k": none, "v": none,
+        "input_norm": norm(T), "q": _plus(linear(T, H, q_width + 2 * kv_width), kv_write), "k": none, "v": none,
         "attn": attention, "o_proj": linear(T, q_width, H), "attn_residual": add_norm, "post_norm": none,
         "mlp": StageCost(mlp.bytes + down.bytes + 3 * T * I * F32, mlp.flops + down.flops + 4 * T * I),
         "output": add_norm, "final_norm": none, "logits": linear(logits_rows, H, V),
