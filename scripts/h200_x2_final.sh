@@ -29,7 +29,7 @@ echo "tinyvllm bench rc=$?"; grep -E "output tok/s|stopped|TTFT|captured" "$OUT/
 if [ "${SWEEPS:-1}" = 1 ]; then  # SWEEPS=0 skips them
   timeout 100 python3 scripts/sweep_gemv.py --shapes qkv,o_proj,gate_up,down > "$OUT/sweep_gemv.log" 2>&1
   echo "sweep_gemv rc=$?"; grep -E "best|torch" "$OUT/sweep_gemv.log"
-  timeout 60 python3 scripts/sweep_decode_attention.py --cases 8x512,16x512,32x512,256x1024 \
+  timeout 90 python3 scripts/sweep_decode_attention.py --cases 1x256,1x2048,8x512,32x512,64x512,256x1024 \
     > "$OUT/sweep_decode_attention.log" 2>&1
   echo "sweep_decode_attention rc=$?"; cat "$OUT/sweep_decode_attention.log"
 fi

@@ -3,8 +3,10 @@ chunk x threads per block), KV GB/s.
 
     python scripts/sweep_decode_attention.py [--cases 1x512,64x512,256x1024]
 Each case is BATCHxCONTEXT on Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head_dim 64,
-blocks of 16, shuffled block tables); time per launch by CUDA events, and the KV bytes each kernel must
-read at least once (batch x context x K and V rows of 8 x 64 float32) per second.
+blocks of 16, shuffled block tables); time per launch by CUDA events around `repeats` launches captured in
+one CUDA graph (as a decode step runs them: eager launches from Python cost more than a small batch's
+attention), each on another copy of the KV pools when one pool would fit in the 50 MB L2; and the KV bytes
+each kernel must read at least once (batch x context x K and V rows of 8 x 64 float32) per second.
 """
 import argparse
 import sys
@@ -24,21 +26,23 @@ def main():
     args = parser.parse_args()
     from numba import cuda
     import kernels_numba.paged_attention as pa
-    from sweep_gemv import time_launches  # scripts/ is on the path when a script runs
+    from sweep_gemv import time_in_graph  # scripts/ is on the path when a script runs
     rng = np.random.default_rng(0)
     for case in args.cases.split(","):
         batch, context = (int(v) for v in case.split("x"))
         blocks_per_seq = -(-context // BLOCK_SIZE)
         num_blocks = batch * blocks_per_seq
         pool_shape = (num_blocks, BLOCK_SIZE, N_KV_HEADS, HEAD_DIM)
-        k_pool = cuda.to_device(rng.standard_normal(pool_shape, np.float32))
-        v_pool = cuda.to_device(rng.standard_normal(pool_shape, np.float32))
+        kv_bytes = batch * context * 2 * N_KV_HEADS * HEAD_DIM * 4
+        copies = max(1, min(args.repeats, -(-256 * 2**20 // kv_bytes)))  # >= 256 MB of KV: 5x the L2
+        k_host = rng.standard_normal(pool_shape, np.float32)
+        v_host = rng.standard_normal(pool_shape, np.float32)
+        pools = [(cuda.to_device(k_host), cuda.to_device(v_host)) for _ in range(copies)]
         tables = cuda.to_device(rng.permutation(num_blocks).astype(np.int32).reshape(batch, blocks_per_seq))
         q = cuda.to_device(rng.standard_normal((batch, N_HEADS, HEAD_DIM), np.float32))
         seqs = cuda.to_device(np.arange(batch, dtype=np.int32))
         positions = cuda.to_device(np.full(batch, context - 1, np.int32))
         out = cuda.device_array((batch, N_HEADS, HEAD_DIM), np.float32)
-        kv_bytes = batch * context * 2 * N_KV_HEADS * HEAD_DIM * 4
         reference = None
         variants = [("split_keys", None, None), ("split_keys", None, "no partitions")] + [
             ("decode_gqa", chunk, threads) for chunk, threads in ((16, 128), (32, 128), (64, 128), (32, 256), (64, 256))]
@@ -46,11 +50,13 @@ def main():
         for name, chunk, option in variants:
             if name == "split_keys":
                 pa.SPLIT_PARTITION_BELOW_BLOCKS = 0 if option else default_partition_below
-                launch = lambda: pa.paged_attention_split_keys(q, k_pool, v_pool, tables, seqs, positions, 0.125, out)
+                launch = lambda i: pa.paged_attention_split_keys(q, *pools[i % copies], tables, seqs, positions, 0.125,
+                                                                 out)
             else:
                 pa.GQA_DECODE_KEY_CHUNK, pa.GQA_DECODE_THREADS = chunk, option
-                launch = lambda: pa.paged_attention_decode_gqa(q, k_pool, v_pool, tables, seqs, positions, 0.125, out)
-            seconds = time_launches(launch, args.repeats)
+                launch = lambda i: pa.paged_attention_decode_gqa(q, *pools[i % copies], tables, seqs, positions, 0.125,
+                                                                 out)
+            seconds = time_in_graph(launch, args.repeats)
             result = out.copy_to_host()
             reference = result if reference is None else reference
             err = float(np.abs(result - reference).max())  # the first variant is the reference

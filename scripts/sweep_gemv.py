@@ -40,15 +40,19 @@ def time_launches(launch, repeats: int) -> float:
 
 def time_in_graph(launch, repeats: int) -> float:
     """Mean seconds per launch of `launch(i)` for i in range(repeats), captured into one CUDA graph and
-    replayed (after one untimed replay)."""
+    replayed (after one untimed replay). Buffers the launchers allocate are recorded by one eager launch
+    and handed out again to each captured one (a BufferArena, as the decode graphs do)."""
     from cuda.core import Device, Stream
-    from kernels_numba.common import cuda, launching_into
-    launch(0)
+    from kernels_numba.common import BufferArena, cuda, launching_into
+    arena = BufferArena()
+    with launching_into(0, arena):
+        launch(0)
     cuda.synchronize()
     builder = Device().create_graph_builder()
     builder.begin_building()
-    with launching_into(builder):
+    with launching_into(builder, arena):
         for i in range(repeats):
+            arena.rewind()
             launch(i)
     graph = builder.end_building().complete()
     stream = Stream.from_handle(0)
