@@ -394,8 +394,9 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
     """The GQA decode kernel for one shape: a block per (query, KV head) serves the group's query heads
     from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops).
 
-    Per chunk, four barriers: (1) K/V rows in, the next chunk's pool rows noted; (2) a thread per (head set,
-    key) scores HEADS_PER_ITEM heads from one read of the key's K row (masked keys score -inf); (3) every thread
+    Per chunk, four barriers: (1) the chunk's K/V rows, already in registers, into shared memory, then the
+    next chunk's loads issued (they land during 2-4); (2) a thread per (head set, key) scores heads_per_item
+    heads from one read of the key's K row (masked keys score -inf); (3) every thread
     takes each head's chunk max itself (broadcast reads, no reduction tree) and turns its scores into
     weights exp(score - m); (4) a thread per (head set, dim) adds weights @ V and the weights' sum, both
     rescaled by exp(m_old - m_new). Every shared read in (2)-(4) is a broadcast or a conflict-free row, four
