@@ -446,8 +446,10 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     if rows is None:
         rows = COALESCED_ROWS if chunk <= 2 else COALESCED_ROWS_MANY_TOKENS
     outputs_per_block = rows // 2 if swiglu else rows
-    if threads is None:
-        threads = coalesced_threads(cdiv(out_features, outputs_per_block)) if chunk <= 2 else COALESCED_THREADS
+    if threads is None:  # the norm-fused kernel (96 registers) measured slower in wider blocks: norm + q|k|v
+        # 13.2 us a layer at 128 threads x 2 loads, 10.9 at 64 x 4 (docs/bench/h200-round4*-profile_decode.log)
+        wide = chunk <= 2 and norm_weight is None
+        threads = coalesced_threads(cdiv(out_features, outputs_per_block)) if wide else COALESCED_THREADS
     if unroll is None:
         unroll = COALESCED_UNROLL if chunk <= 2 else COALESCED_UNROLL_MANY_TOKENS
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"

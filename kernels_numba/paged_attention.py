@@ -88,14 +88,19 @@ SPLIT_KEY_CHUNK = 8 if SIMULATOR else 256  # keys whose weights sit in shared me
 SPLIT_PARTITION_BELOW_BLOCKS = 2 * 132
 PARTITION_KEYS = 16 if SIMULATOR else 64
 GQA_DECODE_THREADS = 4 if SIMULATOR else 128
-# The runner's switch from split_keys (T x n_heads blocks) to decode_gqa (T x n_kv_heads blocks): 2 blocks
-# per SM of an H200, from a decode batch of 33 on Llama-3.2-1B.
-DECODE_GQA_MIN_BLOCKS = 2 * 132
-# Keys whose K and V rows sit in shared memory (and, prefetched, in registers) at once. On the H200
-# (scripts/sweep_decode_attention.py, docs/bench-h200.md round 4) 16 keys x 128 threads read the KV of batch
-# 256 x 1024 keys at 1.66 TB/s, 32 keys 1.12, 64 keys 1.33 (ptxas: 98, 134, 156 registers: 5, 3, 3 blocks
-# per SM), 256 threads slower still.
+# The runner's switch from split_keys (T x n_heads blocks) to decode_gqa (T x n_kv_heads blocks): from 64
+# (query, KV head) pairs, a decode batch of 8 on Llama-3.2-1B. Graph-timed on the H200
+# (docs/bench/h200-round4-final-sweep_decode_attention.log, 512-key contexts): batch 8 split_keys 74.7 us,
+# decode_gqa 42.6; batch 32 183.1 vs 59.5; at batch 1 (256 keys) split_keys' partitions win, 14.3 vs 22.4.
+DECODE_GQA_MIN_BLOCKS = 64
+# Keys whose K and V rows sit in shared memory (and, prefetched, in registers) at once. On the H200 (same
+# log) 16 keys x 128 threads read the KV of batch 256 x 1024 keys at 1.70 TB/s, 32 keys 1.13, 64 keys 1.35
+# (ptxas: 98, 134, 156 registers: 5, 3, 3 blocks per SM), 256 threads slower still; but while the grid is
+# under GQA_FEW_BLOCKS blocks (2 per SM) fewer, longer chunks win: batch 8 x 512 keys 42.6 us with 64-key
+# chunks vs 55.1 with 16, batch 32 59.5 vs 63.9; batch 64 (512 blocks) 112.9 vs 84.9.
 GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 16
+GQA_DECODE_KEY_CHUNK_FEW_BLOCKS = 8 if SIMULATOR else 64
+GQA_FEW_BLOCKS = 2 * 132
 # prefill_gqa tile sizes (upper bounds: gqa_shape shrinks the tiles to fit the shared memory). A simulated
 # syncthreads costs ~2.5 ms per thread of the block, so the simulator gets 4-thread blocks and short tiles: the
 # same index math and phases, and its few-dozen-key tests still cross several query and key tiles.
@@ -904,8 +909,10 @@ def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query
     out = _output(q, out)
     if num_queries > 0:
         _, block_size, n_kv_heads, head_dim = k_pool.shape
+        few_blocks = num_queries * n_kv_heads < GQA_FEW_BLOCKS
+        key_chunk = GQA_DECODE_KEY_CHUNK_FEW_BLOCKS if few_blocks else GQA_DECODE_KEY_CHUNK
         kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
-                                                   GQA_DECODE_THREADS, GQA_DECODE_KEY_CHUNK)
+                                                   GQA_DECODE_THREADS, key_chunk)
         kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
             q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
             np.float32(scale), out)

@@ -53,7 +53,8 @@ def main():
                 launch = lambda i: pa.paged_attention_split_keys(q, *pools[i % copies], tables, seqs, positions, 0.125,
                                                                  out)
             else:
-                pa.GQA_DECODE_KEY_CHUNK, pa.GQA_DECODE_THREADS = chunk, option
+                pa.GQA_DECODE_KEY_CHUNK = pa.GQA_DECODE_KEY_CHUNK_FEW_BLOCKS = chunk
+                pa.GQA_DECODE_THREADS = option
                 launch = lambda i: pa.paged_attention_decode_gqa(q, *pools[i % copies], tables, seqs, positions, 0.125,
                                                                  out)
             seconds = time_in_graph(launch, args.repeats)

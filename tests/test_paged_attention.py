@@ -310,6 +310,7 @@ def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_ch
     # 4 keys, so most sequences cross many chunks.
     monkeypatch.setattr(paged_attention_module, "GQA_DECODE_THREADS", threads)
     monkeypatch.setattr(paged_attention_module, "GQA_DECODE_KEY_CHUNK", key_chunk)
+    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_KEY_CHUNK_FEW_BLOCKS", key_chunk)
     _check(rng, "decode", *LAYOUTS[layout], kernel="decode_gqa")
 
 

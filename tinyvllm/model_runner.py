@@ -351,9 +351,10 @@ class ModelRunner:
         """Pick the attention kernel for this step: (q, k_pool, v_pool) -> out, and its name.
 
         In the simulator (where syncthreads are slow) one thread per (query, head) serves every step. On a
-        GPU, small decode-only steps give each (query, head) a block whose threads split the keys; once
-        (query, KV head) pairs alone fill the GPU (DECODE_GQA_MIN_BLOCKS), a block per pair serves the
-        group's query heads from one shared copy of each K/V chunk. Steps with prefill chunks use the kernel
+        GPU, the smallest decode-only steps (under DECODE_GQA_MIN_BLOCKS (query, KV head) pairs: batches
+        up to 7 on Llama-3.2-1B) give each (query, head) blocks whose threads split the keys; larger ones a
+        block per (query, KV head) pair that serves the group's query heads from one shared copy of each
+        K/V chunk. Steps with prefill chunks use the kernel
         where a block owns a query tile for all query heads of one KV head and walks key tiles through
         shared memory; its query tiles are built once for all layers (DeviceBatch.prefill_tiles).
         """
