@@ -73,6 +73,7 @@ TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no
 # within COALESCED_GRID_THREADS threads.
 COALESCED_ROWS = 4
 COALESCED_UNROLL = 2
+COALESCED_UNROLL_NORM = 4  # gemv_rmsnorm's loads in flight (64-thread blocks), see _launch_gemv_coalesced
 COALESCED_GRID_THREADS = 128 * 1024
 COALESCED_PASS_TOKENS = 4          # tokens per pass once there are more than 2
 COALESCED_ROWS_MANY_TOKENS = 8
@@ -446,12 +447,15 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     if rows is None:
         rows = COALESCED_ROWS if chunk <= 2 else COALESCED_ROWS_MANY_TOKENS
     outputs_per_block = rows // 2 if swiglu else rows
-    if threads is None:  # the norm-fused kernel (96 registers) measured slower in wider blocks: norm + q|k|v
-        # 13.2 us a layer at 128 threads x 2 loads, 10.9 at 64 x 4 (docs/bench/h200-round4*-profile_decode.log)
-        wide = chunk <= 2 and norm_weight is None
+    # The norm-fused kernel (~96 registers) keeps the configuration it was measured fastest in: norm + q|k|v
+    # 10.9 us a layer at 64 threads x 4 loads, 13.2 at 128 x 2 (docs/bench/h200-round4a-profile_decode.log,
+    # h200-round4-final-profile_decode.log); the plain one takes the sweep's choice.
+    norm = norm_weight is not None
+    if threads is None:
+        wide = chunk <= 2 and not norm
         threads = coalesced_threads(cdiv(out_features, outputs_per_block)) if wide else COALESCED_THREADS
     if unroll is None:
-        unroll = COALESCED_UNROLL if chunk <= 2 else COALESCED_UNROLL_MANY_TOKENS
+        unroll = COALESCED_UNROLL_MANY_TOKENS if chunk > 2 else (COALESCED_UNROLL_NORM if norm else COALESCED_UNROLL)
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     if num_tokens == 0 or out_features == 0:
         return
@@ -459,7 +463,6 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
     word_type = np.uint32 if word_elements == 2 else np.uint64
     w_words = w_bits.view(word_type)
-    norm = norm_weight is not None
     kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None, swiglu)
     # unused operands get stand-ins of the right type (a compiled-out branch never touches them)
     norm_words = norm_weight.view(word_type) if norm else w_words[0]
