@@ -217,12 +217,12 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                     t = i - r * chunk
                     if row0 + r < out_features and t0 + t < num_tokens:
                         value = partial[r, t, 0]
+                        up = partial[r + half, t, 0] if swiglu else value
                         if norm:
-                            value *= row_scale(partial[rows, t, 0], in_features, eps)
+                            scale = row_scale(partial[rows, t, 0], in_features, eps)
+                            value *= scale
+                            up *= scale
                         if swiglu:
-                            up = partial[r + half, t, 0]
-                            if norm:
-                                up *= row_scale(partial[rows, t, 0], in_features, eps)
                             value = silu(value) * up
                         out[t0 + t, row0 + r] = value
                         if residual:
@@ -366,12 +366,15 @@ def sum_splits_kernel(partials, out):
         out[t, n] = total
 
 
-def _check_shapes(x, w_bits, out):
+def _check_shapes(x, w_bits, out, out_features=None):
+    """Check x [T, K] f32 against W [N, K] u16 and return out [T, out_features] f32 (allocated if None);
+    out_features defaults to N (the SwiGLU gemv writes N / 2)."""
     assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
     assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
     assert w_bits.dtype == np.uint16 and x.dtype == np.float32, (x.dtype, w_bits.dtype)
-    out = device_empty((x.shape[0], w_bits.shape[0]), np.float32) if out is None else out
-    assert out.shape == (x.shape[0], w_bits.shape[0]) and out.dtype == np.float32, (out.shape, out.dtype)
+    out_shape = (x.shape[0], w_bits.shape[0] if out_features is None else out_features)
+    out = device_empty(out_shape, np.float32) if out is None else out
+    assert out.shape == out_shape and out.dtype == np.float32, (out.shape, out.dtype)
     return out
 
 
@@ -400,13 +403,8 @@ def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=Fals
     """out = rmsnorm(h) @ W.T in one gemv_coalesced launch (RMSNorm with bf16 gains norm_weight [K] fused in
     front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it.
     With `swiglu`, w_bits is [Wg; Wu] ([2 I, K]) and out [T, I] = silu(x Wg) * (x Wu), x = rmsnorm(h)."""
-    if swiglu:
-        assert w_bits.shape[0] % 2 == 0, f"swiglu needs [Wg; Wu] stacked, got {w_bits.shape[0]} rows"
-        out = device_empty((h.shape[0], w_bits.shape[0] // 2), np.float32) if out is None else out
-        assert out.shape == (h.shape[0], w_bits.shape[0] // 2), (out.shape, w_bits.shape)
-        _check_shapes(h, w_bits[:1], out[:, :1])
-    else:
-        out = _check_shapes(h, w_bits, out)
+    assert not swiglu or w_bits.shape[0] % 2 == 0, f"swiglu needs [Wg; Wu] stacked, got {w_bits.shape[0]} rows"
+    out = _check_shapes(h, w_bits, out, w_bits.shape[0] // 2 if swiglu else None)
     normed = device_empty(h.shape, np.float32) if normed is None else normed
     assert norm_weight.shape == (h.shape[1],) and norm_weight.dtype == np.uint16, norm_weight.shape
     assert normed.shape == h.shape and normed.dtype == np.float32, normed.shape
