@@ -85,7 +85,7 @@ def main() -> int:
                    lambda: check_goldens(engine, goldens, rtol=rtol))
     # Then each prompt in a step of its own: prompts of up to 32 tokens then run the fused-GEMV layer
     # (ModelRunner._fused_layers, what decode steps run) stage by stage; all together they are 74 tokens.
-    alone = timed(f"tinyvllm check: each prompt in its own step", lambda: [check_goldens(
+    alone = timed("tinyvllm check: each prompt in its own step", lambda: [check_goldens(
         engine, Goldens(goldens.path, goldens.meta, [prompt]), rtol=rtol) for prompt in goldens.prompts])
     passes = [("all in one step", [[r for r in report.stages if r.prompt == p] for p in range(len(PROMPTS))],
                report.greedy),

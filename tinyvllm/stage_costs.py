@@ -51,31 +51,29 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     visible_keys = int(np.sum(batch.positions.astype(np.int64) + 1))
     attention = StageCost(kv_bytes + T * 2 * q_width * F32, 4 * visible_keys * q_width)  # q in, output out
     kv_write = StageCost(T * 2 * kv_width * F32, 0)  # rope_qkv stores each token's k and v in the pool
+    qkv = linear(T, H, q_width + 2 * kv_width)
     mlp = linear(T, H, 2 * I)
     down = linear(T, I, H)
     none = StageCost(0, 0)
     add_norm = StageCost(H * BF16 + 4 * T * H * F32, 5 * T * H)  # residual add fused with the next RMSNorm
-    if fused:
-        qkv = linear(T, H, q_width + 2 * kv_width)
-        residual_add = StageCost(2 * T * H * F32, T * H)  # reads the residual, writes the sum
-        return {
-            "embedding": StageCost(T * H * (BF16 + F32), 0),
-            "input_norm": StageCost(qkv.bytes + norm(T).bytes, qkv.flops + norm(T).flops),
-            "q": _plus(StageCost(2 * T * (q_width + 2 * kv_width) * F32, 0), kv_write), "k": none, "v": none,
-            "attn": attention,
-            "o_proj": _plus(linear(T, q_width, H), residual_add), "attn_residual": none,
-            # gate|up with the norm in front and silu(gate) * up behind: writes T x I, not T x 2I
-            "post_norm": StageCost(mlp.bytes - T * I * F32 + norm(T).bytes, mlp.flops + 4 * T * I + norm(T).flops),
-            "mlp": _plus(down, residual_add),
-            "output": none, "final_norm": norm(T), "logits": linear(logits_rows, H, V),
-        }
-    return {
+    costs = {
         "embedding": StageCost(T * H * (BF16 + F32), 0),
-        "input_norm": norm(T), "q": _plus(linear(T, H, q_width + 2 * kv_width), kv_write), "k": none, "v": none,
+        "input_norm": norm(T), "q": _plus(qkv, kv_write), "k": none, "v": none,
         "attn": attention, "o_proj": linear(T, q_width, H), "attn_residual": add_norm, "post_norm": none,
         "mlp": StageCost(mlp.bytes + down.bytes + 3 * T * I * F32, mlp.flops + down.flops + 4 * T * I),
         "output": add_norm, "final_norm": none, "logits": linear(logits_rows, H, V),
     }
+    if fused:
+        residual_add = StageCost(2 * T * H * F32, T * H)  # reads the residual, writes the sum
+        costs.update({
+            "input_norm": _plus(qkv, norm(T)),
+            "q": _plus(StageCost(2 * T * (q_width + 2 * kv_width) * F32, 0), kv_write),  # rope alone
+            "o_proj": _plus(costs["o_proj"], residual_add), "attn_residual": none,
+            # gate|up with the norm in front and silu(gate) * up behind: writes T x I, not T x 2I
+            "post_norm": StageCost(mlp.bytes - T * I * F32 + norm(T).bytes, mlp.flops + 4 * T * I + norm(T).flops),
+            "mlp": _plus(down, residual_add), "output": none, "final_norm": norm(T),
+        })
+    return costs
 
 
 def _plus(a: StageCost, b: StageCost) -> StageCost:
