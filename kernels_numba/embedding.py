@@ -6,6 +6,9 @@ Launch layout: one thread per output element on the GPU, grid-stride so the simu
 grid; item i is (row i // H, column i % H), so consecutive threads read consecutive columns.
 The engine validates ids on the host; the kernels only guard against reading out of bounds and write
 NaN for a row whose index is outside the table, so a bad id shows up instead of reading a neighbour.
+One exception: with `fed_back`, a negative id (FED_BACK) means "the token this row's sequence sampled in the
+previous step, still on the device": ids[t] < 0 reads fed_back[t] instead. A pipelined decode step (the
+engine launches step n + 1 before reading step n's greedy tokens back) embeds its tokens this way.
 """
 import math
 
@@ -15,15 +18,18 @@ from .bf16 import bf16_to_f32, bf16_to_f32_ref
 from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 256
+FED_BACK = -1  # a token id that stands for fed_back[t]
 
 
 @jit
-def embedding_kernel(ids, table, out):
+def embedding_kernel(ids, table, out, fed_back):
     hidden = out.shape[1]
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         t = i // hidden
         col = i % hidden
         row = ids[t]
+        if row == FED_BACK and fed_back.shape[0] > t:
+            row = fed_back[t]
         if 0 <= row < table.shape[0]:
             out[t, col] = bf16_to_f32(table[row, col])
         else:
@@ -43,14 +49,17 @@ def take_rows_kernel(x, rows, out):
             out[b, col] = np.float32(math.nan)
 
 
-def embedding(ids, table_bits, out=None):
-    """ids int32 [T], table_bits uint16 bf16 [V, H] -> float32 [T, H] (device arrays)."""
+def embedding(ids, table_bits, out=None, fed_back=None):
+    """ids int32 [T], table_bits uint16 bf16 [V, H] -> float32 [T, H] (device arrays). fed_back: int32 [>= T],
+    the ids that rows with id FED_BACK stand for."""
     n_tokens, hidden = ids.shape[0], table_bits.shape[1]
     out = device_empty((n_tokens, hidden), np.float32) if out is None else out
     assert out.shape == (n_tokens, hidden), (out.shape, n_tokens, hidden)
+    assert fed_back is None or (fed_back.shape[0] >= n_tokens and fed_back.dtype == np.int32), fed_back.shape
     if n_tokens:
         blocks, threads = grid_stride_launch(out.size, THREADS)
-        embedding_kernel[blocks, threads, launch_stream()](ids, table_bits, out)
+        embedding_kernel[blocks, threads, launch_stream()](ids, table_bits, out, ids[:0] if fed_back is None
+                                                           else fed_back)
     return out
 
 
@@ -72,7 +81,9 @@ def _gather_rows_ref(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def embedding_ref(ids: np.ndarray, table_bits: np.ndarray) -> np.ndarray:
+def embedding_ref(ids: np.ndarray, table_bits: np.ndarray, fed_back: np.ndarray | None = None) -> np.ndarray:
+    if fed_back is not None:
+        ids = np.where(ids == FED_BACK, fed_back[:len(ids)], ids)
     return _gather_rows_ref(bf16_to_f32_ref(table_bits), ids)
 
 

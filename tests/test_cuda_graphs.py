@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import BufferArena, device_empty, launching_into
+from kernels_numba.embedding import FED_BACK
 from kernels_numba.sampling import argmax_ref
 from tinyvllm.cuda_graphs import CapturedDecode, buckets_up_to
 from tinyvllm.engine import EngineConfig, LLMEngine
@@ -58,6 +59,62 @@ def test_graph_engine_suppresses_stop_tokens_before_min_tokens(model):
     graphed = engine(model, cuda_graphs=True, max_num_seqs=1).generate(PROMPTS[:1], params)[0]
     assert graphed.token_ids == eager.token_ids
     assert stop not in eager.token_ids[:5]
+
+
+def _count_pipelined_launches(engine_: LLMEngine) -> list:
+    """Wrap the engine's pipelined graph launches; returns a list that gets each launched batch's token ids."""
+    launched, launch = [], engine_.decode_graphs.launch
+
+    def counting(batch):
+        launched.append(batch.token_ids.tolist())
+        return launch(batch)
+    engine_.decode_graphs.launch = counting
+    return launched
+
+
+def test_pipelined_decode_matches_eager_with_stops_and_finishing_rows(model):
+    # Greedy rows decode pipelined: step n + 1 is launched with FED_BACK ids before step n's tokens are read.
+    # Rows end at different steps (length limits, and a stop token the pipeline only sees one step late, so
+    # the token computed behind it must be dropped); each end changes the batch and stops the pipeline.
+    free = engine(model, cuda_graphs=False).generate(PROMPTS[1:2], SamplingParams(temperature=0.0, max_tokens=9,
+                                                                                  ignore_eos=True))[0]
+    stop = free.token_ids[5]
+    assert stop not in free.token_ids[:5], "pick a prompt whose sixth greedy token is new"
+    params = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=9, stop_token_ids=[stop], ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)]
+    eager = engine(model, cuda_graphs=False).generate(PROMPTS, params)
+    pipelined_engine = engine(model, cuda_graphs=True, max_num_seqs=4)
+    launched = _count_pipelined_launches(pipelined_engine)
+    pipelined = pipelined_engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in pipelined] == [o.token_ids for o in eager]
+    assert [o.finish_reason for o in pipelined] == [o.finish_reason for o in eager] == ["length", "stop", "length"]
+    assert len(pipelined[1].token_ids) == 6
+    assert any(FED_BACK in ids for ids in launched), "no step was launched before its tokens were known"
+    bm = pipelined_engine.block_manager
+    bm.check_invariants()
+    assert bm.num_free_blocks == bm.num_blocks  # the dropped token's blocks were freed with its sequence
+
+
+def test_pipelined_decode_can_be_turned_off_and_abort_drops_the_in_flight_row(model):
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    off = engine(model, cuda_graphs=True, max_num_seqs=2, pipeline_decode=False)
+    assert not _count_pipelined_launches(off) and off.generate(PROMPTS[:2], params)
+    e = engine(model, cuda_graphs=True, max_num_seqs=2)
+    launched = _count_pipelined_launches(e)
+    ids = [e.add_request(p, params) for p in PROMPTS[:2]]
+    outputs = []
+    while len(launched) < 2:  # prefill, then a pipelined decode in flight and a second one behind it
+        outputs += e.step()
+    e.abort_request(ids[0])
+    while e.has_unfinished_requests():
+        outputs += e.step()
+    final = {o.request_id: o for o in outputs if o.finished}
+    assert final[ids[0]].finish_reason == "abort" and final[ids[1]].finish_reason == "length"
+    assert final[ids[1]].token_ids == engine(model, cuda_graphs=False).generate(PROMPTS[1:2], params)[0].token_ids
+    assert FED_BACK not in e.request(ids[0]).seq.token_ids
+    e.block_manager.check_invariants()
+    assert e.block_manager.num_free_blocks == e.block_manager.num_blocks
 
 
 def _decode_batch(rng, rows, block_size=4, blocks_per_seq=3):

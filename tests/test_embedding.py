@@ -3,7 +3,7 @@ import pytest
 
 from kernels_numba.bf16 import f32_to_bf16_ref
 from kernels_numba.common import cuda
-from kernels_numba.embedding import embedding, embedding_ref, take_rows, take_rows_ref
+from kernels_numba.embedding import FED_BACK, embedding, embedding_ref, take_rows, take_rows_ref
 from tests.helpers import poisoned
 
 VOCAB, HIDDEN = 301, 67
@@ -30,6 +30,19 @@ def test_embedding_writes_nan_for_ids_outside_the_table(rng):
     got = embedding(cuda.to_device(ids), cuda.to_device(table), out=out).copy_to_host()
     assert np.isnan(got[:2]).all()
     np.testing.assert_array_equal(got[2], embedding_ref(ids, table)[2])
+
+
+def test_embedding_takes_fed_back_ids_for_fed_back_rows(rng):
+    # A pipelined decode step: rows with id FED_BACK embed the previous step's token, left on the device.
+    table = _table_bits(rng)
+    ids = np.array([FED_BACK, 7, FED_BACK, 0], dtype=np.int32)
+    fed_back = rng.integers(0, VOCAB, 6).astype(np.int32)  # longer than ids, as a bucket's argmax buffer is
+    out = poisoned((len(ids), HIDDEN), np.float32)
+    got = embedding(cuda.to_device(ids), cuda.to_device(table), out=out,
+                    fed_back=cuda.to_device(fed_back)).copy_to_host()
+    expected = embedding_ref(ids, table, fed_back)
+    np.testing.assert_array_equal(expected[[0, 2]], embedding_ref(fed_back[[0, 2]], table))
+    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("rows", [[4, 0, 8], [8], [2, 2, 5, 1]])

@@ -22,11 +22,11 @@ from typing import Callable, Iterator
 import numpy as np
 
 from kernels_numba.common import SIMULATOR, cdiv, cuda
-from kernels_numba.embedding import take_rows
+from kernels_numba.embedding import FED_BACK, take_rows
 from kernels_numba.sampling import argmax, sample, suppress_tokens
 
 from .block_manager import BlockManager
-from .cuda_graphs import DecodeGraphs
+from .cuda_graphs import DecodeGraphs, PendingTokens
 from .errors import TinyVLLMError
 from .kv_pool import KVPool, blocks_that_fit
 from .metrics import MetricsCollector, RequestMetrics
@@ -51,6 +51,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batching: str = "continuous"          # or "static": a batch runs to completion before the next
     cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
+    pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
+    #                                       previous one's tokens back (see _InFlight)
 
     def __post_init__(self):
         def check(ok, message):
@@ -118,6 +120,21 @@ class _Request:
     error: str | None = None
 
 
+@dataclass
+class _InFlight:
+    """A decode step replayed from a CUDA graph whose tokens the host has not read yet.
+
+    While the GPU runs it, the engine does the host work of the next step: when that step is the same
+    sequences decoding again (all greedy, nothing waiting, no stop by length, KV blocks to spare), it appends
+    a FED_BACK placeholder for each sequence's token, schedules, and launches the next step, whose graph takes
+    the real tokens from the device; only then does it read this step's tokens, replace the placeholders
+    and apply the stop rules. A sequence that stopped (a stop token) had one token too many computed in the
+    step behind it: that token is dropped. Outputs are the same as without pipelining, one step() later."""
+    schedule: SchedulerOutput
+    seqs: list[Sequence]
+    pending: PendingTokens
+
+
 class LLMEngine:
     def __init__(self, model: str | Path | LoadedModel | None = None, config: EngineConfig | None = None,
                  log=log_to_stderr):
@@ -150,6 +167,7 @@ class LLMEngine:
         self.last_schedule: SchedulerOutput | None = None
         self.last_batch: ForwardBatch | None = None
         self.num_steps = 0
+        self._in_flight: _InFlight | None = None
         log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB), "
             f"max model len {self.max_model_len}")
 
@@ -199,7 +217,10 @@ class LLMEngine:
     # ---- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler step, launches left asynchronous; decode-only steps replay a CUDA graph when
-        the engine has them (EngineConfig.cuda_graphs)."""
+        the engine has them (EngineConfig.cuda_graphs), all-greedy ones pipelined (see _InFlight): such a
+        step reports the tokens of the step before it."""
+        if self._in_flight is not None:
+            return self._step_in_flight()
         return drain(self.step_stages(synchronize=False, graphs=True))
 
     def step_stages(self, all_logits: bool = False, synchronize: bool = True,
@@ -207,10 +228,9 @@ class LLMEngine:
         """One scheduler step as a generator of forward-pass stages; returns the step's RequestOutputs.
         `synchronize`: wait for each stage's kernels (see ModelRunner.forward_stages). `graphs`: a
         decode-only step replays its captured graph instead, yielding no stages."""
-        outputs = [self._output(r) for r in self._rejected]
-        for r in self._rejected:
-            self.metrics.on_finished(r.request_id, time.perf_counter(), r.finish_reason)
-        self._rejected.clear()
+        # a pipelined step's tokens first: this step builds on them
+        outputs = self._step_in_flight(follow=False) if self._in_flight is not None else []
+        outputs += self._rejected_outputs()
         schedule = self.scheduler.schedule()
         self.last_schedule = schedule
         now = time.perf_counter()
@@ -220,7 +240,13 @@ class LLMEngine:
             batch = self._build_batch(schedule)
             self.last_batch = batch
             greedy_ids = None  # each row's argmax, when the step computed it already (a graph replay)
-            if graphs and not all_logits and self.decode_graphs and self.decode_graphs.can_run(batch):
+            graphed = graphs and not all_logits and self.decode_graphs and self.decode_graphs.can_run(batch)
+            if graphed and self._pipelines(schedule):
+                self._in_flight = _InFlight(schedule, [s.seq for s in schedule.scheduled],
+                                            self.decode_graphs.launch(batch))
+                self._end_step(schedule)
+                return outputs  # this step's tokens come with the next step
+            if graphed:
                 logits, greedy_ids = self.decode_graphs.run(batch)
             else:
                 logits = yield from self.runner.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
@@ -234,10 +260,81 @@ class LLMEngine:
                 self.metrics.on_token(seq.data.request_id, now)
                 self._check_stop(seq.data)
             outputs += [self._output(seq.data) for seq in sampling]
+        self._end_step(schedule)
+        return outputs
+
+    def _end_step(self, schedule: SchedulerOutput) -> None:
         self.num_steps += 1
         self.metrics.on_step(time.perf_counter(), self.scheduler.num_running, self.scheduler.num_waiting,
                              self.block_manager.usage, schedule.num_batched_tokens,
                              self.block_manager.prefix_hit_rate)
+
+    def _rejected_outputs(self) -> list[RequestOutput]:
+        outputs = [self._output(r) for r in self._rejected]
+        for r in self._rejected:
+            self.metrics.on_finished(r.request_id, time.perf_counter(), r.finish_reason)
+        self._rejected.clear()
+        return outputs
+
+    # ---- pipelined decode (see _InFlight) ----------------------------------------------------------
+    def _pipelines(self, schedule: SchedulerOutput) -> bool:
+        """Whether a graph-replayed decode step may run pipelined: every row greedy and sure to be argmax
+        (no stop token suppressed by min_tokens)."""
+        if not self.config.pipeline_decode:
+            return False
+        return all(s.samples and s.seq.data.params.temperature == 0
+                   and s.seq.num_output_tokens >= s.seq.data.params.min_tokens for s in schedule.scheduled)
+
+    def _can_follow(self, in_flight: _InFlight) -> bool:
+        """Whether the next step is sure to be the in-flight sequences decoding once more, in the same rows:
+        nothing waits to be admitted, each sequence is still running and not at its length limit, its next
+        token keeps argmax (min_tokens reached), and the KV pool has the blocks they need."""
+        seqs, bm = in_flight.seqs, self.block_manager
+        if (self.decode_graphs is None or self._rejected or self.scheduler.num_waiting
+                or self.scheduler.running != seqs):
+            return False
+        if any(seq.num_output_tokens + 1 >= seq.max_tokens or seq.num_output_tokens + 1 < seq.data.params.min_tokens
+               for seq in seqs):
+            return False
+        # A sequence of N tokens (the in-flight step computes position N - 1) starts a block at position N.
+        return sum(seq.num_tokens % bm.block_size == 0 for seq in seqs) <= bm.num_free_blocks
+
+    def _step_in_flight(self, follow: bool = True) -> list[RequestOutput]:
+        """Report the in-flight step's tokens; first, when it can (`follow` and _can_follow), launch the next
+        step of the same sequences, which becomes the step in flight."""
+        in_flight, self._in_flight = self._in_flight, None
+        rows = [row for row, seq in enumerate(in_flight.seqs) if not seq.is_finished]  # aborted meanwhile: dropped
+        if len(rows) < len(in_flight.seqs):
+            live = [in_flight.schedule.scheduled[row] for row in rows]
+            in_flight = _InFlight(SchedulerOutput(live, [], len(live)), [s.seq for s in live], in_flight.pending)
+            follow = False
+        outputs = self._rejected_outputs()
+        follow = follow and self._can_follow(in_flight)
+        seqs = in_flight.seqs
+        if follow:
+            self.scheduler.update(in_flight.schedule, {seq.seq_id: FED_BACK for seq in seqs})
+            schedule = self.scheduler.schedule()
+            assert [s.seq for s in schedule.scheduled] == seqs and not schedule.preempted, "pipelined step changed"
+            self.last_schedule, self.last_batch = schedule, self._build_batch(schedule)
+            now = time.perf_counter()
+            for seq in seqs:
+                self.metrics.on_scheduled(seq.data.request_id, now)
+            self._in_flight = _InFlight(schedule, seqs, self.decode_graphs.launch(self.last_batch))
+            tokens = in_flight.pending.tokens()
+            for seq, token in zip(seqs, tokens):
+                assert seq.token_ids[-1] == FED_BACK
+                seq.token_ids[-1] = token
+        else:
+            tokens = in_flight.pending.tokens()
+            tokens = [tokens[row] for row in rows]
+            self.scheduler.update(in_flight.schedule, {seq.seq_id: t for seq, t in zip(seqs, tokens)})
+        now = time.perf_counter()
+        for seq in seqs:
+            self.metrics.on_token(seq.data.request_id, now)
+            self._check_stop(seq.data)
+        outputs += [self._output(seq.data) for seq in seqs]
+        if follow:
+            self._end_step(self.last_schedule)
         return outputs
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,

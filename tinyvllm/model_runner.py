@@ -144,6 +144,7 @@ class DeviceBatch:
     decode_only: bool
     prefill_tiles: object = None   # kernels_numba.paged_attention.PrefillTiles, for steps with prefill chunks
     logits_rows: object = None     # device int32 [R]: which tokens get logits; None: every token
+    fed_back: object = None        # device int32 [>= T]: the ids that token ids FED_BACK stand for (see embedding)
 
     @property
     def num_tokens(self) -> int:
@@ -254,7 +255,8 @@ class ModelRunner:
             return "matmul." + linear_kernel_name(rows, in_features)
         H, I = c.hidden_size, c.intermediate_size
 
-        h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens))
+        h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens,
+                                                                                  fed_back=batch.fed_back))
         if self.fuses_norms(T):
             logits_out = yield from self._fused_layers(batch, h, attend, attention_kernel, _stage, logits)
             return logits_out
