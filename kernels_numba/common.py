@@ -154,10 +154,12 @@ class BufferArena:
         self.buffers: list = []
         self._next: int | None = None  # None while recording
 
-    def take(self, shape, dtype):
+    def take(self, shape, dtype, zeroed: bool = False):
+        """The next buffer: while recording a new one (all zeros if `zeroed`, else uninitialised); on a
+        replay the recorded one, as the last pass left it."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if self._next is None:
-            buffer = cuda.device_array(shape, dtype)
+            buffer = cuda.to_device(np.zeros(shape, dtype)) if zeroed else cuda.device_array(shape, dtype)
             self.buffers.append(buffer)
             return buffer
         assert self._next < len(self.buffers), "the replayed step asks for more buffers than it recorded"
@@ -193,6 +195,15 @@ def device_empty(shape, dtype):
     if _target.buffers is None:
         return cuda.device_array(shape, dtype)
     return _target.buffers.take(shape, dtype)
+
+
+def device_zeros(shape, dtype):
+    """A launcher's buffer that must start as zeros: zeroed when allocated (a fresh array, or the current
+    BufferArena's while it records), then handed back on every replay as the kernels left it. For counters
+    the kernels themselves return to zero, so a captured step needs no memset of its own."""
+    if _target.buffers is None:
+        return cuda.to_device(np.zeros(shape, dtype))
+    return _target.buffers.take(shape, dtype, zeroed=True)
 
 
 @contextmanager

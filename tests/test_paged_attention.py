@@ -3,13 +3,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from kernels_numba.common import cdiv, cuda
+from kernels_numba.common import BufferArena, cdiv, cuda, device_zeros, launching_into
 import kernels_numba.paged_attention as paged_attention_module
 from kernels_numba.paged_attention import (
     GQA_SHARED_BYTES, QTILE, _gqa_shared_bytes, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
     paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
     paged_attention_prefill_gqa, paged_attention_split_keys, paged_attention_ref, write_kv_paged,
-    paged_attention_decode_gqa, split_partitions,
+    paged_attention_decode_gqa, paged_attention_flash_decode, split_partitions,
     write_kv_paged_ref)
 from tests.helpers import poisoned
 
@@ -150,13 +150,17 @@ def _stretch(step: Step, scale, q_gain, score_offset):
         step.q[..., 0] = score_offset / scale
 
 
-def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled"):
+def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled",
+           table_width=0):
     """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores.
     kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys" / "decode_gqa" /
-    "gqa": that kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever the scenario."""
+    "flash_decode" / "gqa": that kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever
+    the scenario. table_width: pad the block tables with -1 to that many blocks (a graph's longest context)."""
     decode = scenario == "decode"
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
                  shuffle=not decode)
+    padding = max(0, table_width - step.block_tables.shape[1])
+    step.block_tables = np.pad(step.block_tables, ((0, 0), (0, padding)), constant_values=-1)
     scale = 1.0 / np.sqrt(head_dim)
     _stretch(step, scale, q_gain, score_offset)
     d_k_pool, d_v_pool, k_pool, v_pool = _write(step)
@@ -177,9 +181,10 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
                                           tiles=tiles)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
                                    scale)
-    elif kernel in ("per_query", "split_keys", "decode_gqa"):  # varlen queries, one thread / block per (query, head)
-        launch = {"per_query": paged_attention_per_query, "split_keys": paged_attention_split_keys,  # or KV head
-                  "decode_gqa": paged_attention_decode_gqa}[kernel]
+    elif kernel in ("per_query", "split_keys", "decode_gqa", "flash_decode"):  # varlen queries: one thread / block
+        launch = {"per_query": paged_attention_per_query, "split_keys": paged_attention_split_keys,  # per (query,
+                  "decode_gqa": paged_attention_decode_gqa,                                     # head or KV head)
+                  "flash_decode": paged_attention_flash_decode}[kernel]
         got = launch(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
                      cuda.to_device(step.query_pos), scale, out=out)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
@@ -225,7 +230,7 @@ def test_per_query_kernel_serves_prefill_too(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="per_query")
 
 
-STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "split_keys", "decode_gqa")
+STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "split_keys", "decode_gqa", "flash_decode")
                    for scenario in ("decode", "chunked")]
 STABILITY_CASES.append(("chunked", "gqa"))
 
@@ -314,6 +319,76 @@ def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_ch
     _check(rng, "decode", *LAYOUTS[layout], kernel="decode_gqa")
 
 
+# paged_attention_flash_decode: decode_gqa over key partitions, merged by the last block of each (query, KV head).
+# In the simulator 16-key partitions of two 8-key chunks on 4 threads: the decode contexts (1, 6, 16, 21 and 33
+# keys, one sequence each) are shorter than a partition, exactly one, and 2 and 3 partitions with a partial last
+# one; the block tables end in a -1 block, so the grid has a partition past every context.
+@pytest.mark.parametrize("scenario, layout", [
+    ("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
+    ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])])
+def test_flash_decode_kernel_matches_ref(rng, scenario, layout):
+    _check(rng, scenario, *layout, kernel="flash_decode")
+
+
+@pytest.mark.parametrize("partition_keys, key_chunk, threads", [(4, 4, 1), (12, 8, 7), (5, 4, 37), (64, 8, 5)])
+def test_flash_decode_any_partition_chunk_and_thread_count(rng, monkeypatch, partition_keys, key_chunk, threads):
+    # 4-key partitions on one thread: up to 9 per (query, KV head), all merged by one of them; 12-key partitions of
+    # an 8-key chunk and a 4-key one, over 7 threads (items do not divide evenly); 5-key partitions straddle the
+    # 4-key blocks, 37 threads leave most idle; 64 keys: one partition holds every context (it merges itself).
+    monkeypatch.setattr(paged_attention_module, "FLASH_DECODE_PARTITION_KEYS", partition_keys)
+    monkeypatch.setattr(paged_attention_module, "FLASH_DECODE_KEY_CHUNK", key_chunk)
+    monkeypatch.setattr(paged_attention_module, "FLASH_DECODE_THREADS", threads)
+    _check(rng, "decode", *LAYOUTS[2], kernel="flash_decode")
+
+
+def test_flash_decode_block_tables_padded_to_a_long_max_context(rng):
+    # As in a CUDA graph: block tables 64 blocks wide (256 keys, 16 partitions) for contexts of at most 33 keys;
+    # the blocks of the partitions past a context must leave out and the counters alone.
+    _check(rng, "decode", *LAYOUTS[0], kernel="flash_decode", table_width=64)
+    _check(rng, "chunked", *LAYOUTS[2], kernel="flash_decode", table_width=64)
+
+
+def test_flash_decode_replays_on_the_same_buffers(rng):
+    # A decode graph replays the launch with the same partials and counters: each (query, KV head)'s counter
+    # must be back at 0 after every launch, or the next launch would never merge (out stays poisoned).
+    block_size, n_heads, n_kv_heads, head_dim = LAYOUTS[2]
+    step = _step(rng, _scenario("decode", block_size), block_size, n_heads, n_kv_heads, head_dim, shuffle=False)
+    d_k_pool, d_v_pool, k_pool, v_pool = _write(step)
+    scale = 1.0 / np.sqrt(head_dim)
+    args = (cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables),
+            cuda.to_device(step.query_seq), cuda.to_device(step.query_pos), scale)
+    want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos, scale)
+    tol = _tolerance(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos, scale)
+    arena = BufferArena()
+    results = []
+    for replay in range(3):
+        if replay:
+            arena.rewind()
+        out = poisoned(step.q.shape, np.float32)
+        with launching_into(0, arena):
+            paged_attention_flash_decode(*args, out=out)
+        results.append(out.copy_to_host())
+        counters = [b for b in arena.buffers if b.dtype == np.int32]
+        assert len(counters) == 1 and (counters[0].copy_to_host() == 0).all(), "a counter was not reset"
+    assert (np.abs(results[0].astype(np.float64) - want) <= tol).all()
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])  # bit-identical: the merge order is fixed
+
+
+def test_device_zeros_is_zeroed_once_then_replayed_as_left():
+    # Outside an arena: a fresh zeroed array. In one: zeroed while recording, then handed back untouched on every
+    # replay (no memset inside a graph; the kernels reset their counters).
+    assert (device_zeros((2, 3), np.int32).copy_to_host() == 0).all()
+    arena = BufferArena()
+    with launching_into(0, arena):
+        counters = device_zeros((2, 3), np.int32)
+        assert (counters.copy_to_host() == 0).all()
+        counters.copy_to_device(np.full((2, 3), 7, np.int32))
+        arena.rewind()
+        again = device_zeros((2, 3), np.int32)
+    assert again is counters and (again.copy_to_host() == 7).all()
+
+
 @pytest.mark.parametrize("width", [None, 1, 5])  # None: the default, QTILE
 def test_prefill_tiles_cover_each_query_once_within_one_sequence(rng, width):
     query_seq = np.repeat(np.array([2, 0, 1], np.int32), [QTILE + 3, 1, 2 * QTILE])
@@ -352,6 +427,8 @@ def test_rejects_head_dim_beyond_local_accumulator():
         paged_attention_split_keys(q, pool, pool, table, ones, ones, 1.0)
     with pytest.raises(AssertionError):
         paged_attention_decode_gqa(q, pool, pool, table, ones, ones, 1.0)
+    with pytest.raises(AssertionError):
+        paged_attention_flash_decode(q, pool, pool, table, ones, ones, 1.0)
 
 
 # paged_attention_prefill_gqa. In the simulator its blocks are GQA_ROWS = 8 (query, head) rows (8 // group
