@@ -12,10 +12,14 @@ Four kernels, one job each:
 - `gemv_coalesced` (decode, same math): the threads of a block share the rows instead of owning one each.
   A block owns COALESCED_ROWS rows; its threads split K, thread i reading the uint64 words (4 bf16)
   i, i + threads, ... of each row, so a warp's 32 loads are 256 contiguous bytes: every byte a memory
-  transaction fetches is used. Each thread keeps its partial sums in registers, then a shared-memory tree
-  reduction adds the block's partials. Faster because it is coalesced and keeps many loads in flight (rows
-  x unroll wide loads per thread), which is what a bandwidth-bound kernel needs.
+  transaction fetches is used. Each thread keeps its partial sums in registers, then the block adds them:
+  on a GPU each warp by register shuffles and the epilogue over the warps' sums (one syncthreads), in the
+  simulator (no shuffles) by a shared-memory tree (WARP_REDUCE). Faster because it is coalesced and keeps
+  many loads in flight (rows x unroll wide loads per thread), which is what a bandwidth-bound kernel needs.
   Grid: one block per row group on the GPU; blocks grid-stride over row groups so the simulator runs two.
+  Its epilogues fuse the decode layer's neighbours: gemv_rmsnorm (RMSNorm in front; SwiGLU behind
+  gate|up), gemv_rmsnorm_rope (RMSNorm in front of q|k|v, RoPE and the K/V pool write behind),
+  gemv_residual (the residual add behind).
 - `gemm` (prefill, many tokens): classic shared-memory tiling. A TILE x TILE block owns the output tile
   out[by*TILE : +TILE, bx*TILE : +TILE]; it walks K a tile at a time, each thread loading one x value and one
   decoded weight into shared memory, so each global value is read once per tile instead of TILE times.
@@ -39,6 +43,7 @@ import ml_dtypes
 from .bf16 import bf16_to_f32
 from .activation import silu
 from .rmsnorm import row_scale
+from .rope import rotate_pair
 from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, SHARED_ALIGN, SHARED_ROW_PAD,
                      launch_stream, device_empty)
 
@@ -82,6 +87,19 @@ COALESCED_WORD_ELEMENTS = 4       # bf16 per load (uint64 words); 2 (uint32) whe
 # 2 warps per block past 2 tokens: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread
 # of the block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
 COALESCED_THREADS = 4 if SIMULATOR else 64
+# gemv_coalesced's reduction of its threads' partial sums. On a GPU each warp adds its 32 lanes' partials with
+# register shuffles (5 steps, no barrier), lane 0 stores the warp's sums, and after one syncthreads the epilogue
+# adds the threads / 32 warp sums: one barrier instead of the shared-memory tree's log2(threads) + 1 (7 at
+# 64 threads, 9 at 256), each of which waits for the block's slowest warp. The simulator has no warp shuffles,
+# so it runs the tree (WARP_REDUCE is a compile-time constant: the other branch is compiled out); the GPU
+# tests (TINYVLLM_TEST_GPU=1) cover the shuffles. The launchers' warp_reduce= picks either on a GPU, for
+# scripts/sweep_gemv.py to time both; TINYVLLM_WARP_REDUCE=0 makes the tree the default (a whole decode step,
+# scripts/profile_decode.py, either way). Passes of more than 2 tokens keep the tree until measured: shuffling
+# their 8 rows x 4 tokens of sums one by one takes ptxas (sm_90) from 96 registers to 144 (10 -> 7 blocks an SM).
+WARP_REDUCE = not SIMULATOR and os.environ.get("TINYVLLM_WARP_REDUCE", "1") != "0"
+WARP_REDUCE_MAX_CHUNK = 2
+WARP_SIZE = 32
+FULL_WARP = 0xFFFFFFFF
 
 # gemm_blocked: a block owns a BLOCK_TOKENS x BLOCK_FEATURES (64 x 64) output tile, a thread a THREAD_TOKENS x
 # THREAD_FEATURES (8 x 4) micro-tile of it: 16 x 8 = 128 threads, 32 float32 accumulators each. Per step
@@ -136,14 +154,30 @@ def gemv_kernel(x, w_bits, out):
                 out[t, n0 + r] = acc[r, t]
 
 
+@jit(device=True)
+def _block_total(partial, r, t, count):
+    """partial[r, t, 0] + ... + partial[r, t, count - 1], in that order: a block's reduced sum for row r,
+    token t (count 1 after the tree, the number of warps after the warp shuffles)."""
+    total = partial[r, t, 0]
+    for w in range(1, count):
+        total += partial[r, t, w]
+    return total
+
+
 @functools.cache
 def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word_elements: int,
-                          norm: bool = False, residual: bool = False, swiglu: bool = False):
+                          norm: bool = False, residual: bool = False, swiglu: bool = False,
+                          rope_head_dim: int = 0, warp_reduce: bool = WARP_REDUCE):
     """The kernel for one (tokens per pass, block size, rows per block, loads per row in flight, bf16 per
     load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
     unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
     4 reads uint64 words. More tokens than `chunk` are walked `chunk` at a time by the same block, so its
     rows come back from L2, not HBM, for every pass after the first.
+
+    Reduction (`warp_reduce`, see WARP_REDUCE): each warp adds its lanes' partial sums with shuffles, lane 0
+    stores them, one syncthreads, and the epilogue adds the threads / 32 warp sums in warp order; or (the
+    simulator, which has no shuffles: the GPU tests, TINYVLLM_TEST_GPU=1, cover the shuffles) a shared-memory
+    tree, one syncthreads per level. Both orders are fixed, so results do not depend on timing.
 
     `norm` (RMSNorm in front): x is the residual stream h, and the kernel computes rmsnorm(h) @ W.T as
     rsqrt(mean(h^2) + eps) * (h * g) @ W.T: the threads already read every h of a token between them, so they
@@ -151,39 +185,62 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
     The blocks also write normed = g * (h * scale) between them (the stage output). `residual` (residual add
     behind): besides out, residual_out = out + residual. `swiglu` (the MLP's gate behind): W is [Wg; Wu]
     stacked ([2 I, K]) and out [T, I] = silu(x Wg) * (x Wu); a block's first rows / 2 rows are gate rows
-    and the rest the matching up rows, so each output's pair of dot products meets in one block."""
+    and the rest the matching up rows, so each output's pair of dot products meets in one block.
+    `rope_head_dim` (RoPE and the K/V write behind q|k|v, see rope.rope_qkv): W is [Wq; Wk; Wv] and its
+    outputs are rope_qkv's pairs (head h, dim d < head_dim / 2) with rows h head_dim + d and + head_dim / 2;
+    a block's first rows / 2 rows are first halves and the rest the matching second halves, so both values of
+    a pair meet in one block, which rotates q and k pairs (v pairs stay as they are) and stores them into
+    q, k, v and k, v at each token's pool slot (rope_operands; `out` is not written)."""
     word_type = np.uint32 if word_elements == 2 else np.uint64
-    assert word_elements in (2, 4) and (rows % 2 == 0 or not swiglu)
+    rope = rope_head_dim > 0
+    paired = swiglu or rope  # an output is a pair of dot products: block rows r and r + rows / 2
+    assert word_elements in (2, 4) and (rows % 2 == 0 or not paired) and not (rope and (swiglu or residual))
+    assert not (warp_reduce and SIMULATOR), "the simulator has no warp shuffles: it runs the tree"
+    assert threads & (threads - 1) == 0 and rope_head_dim % 2 == 0, (threads, rope_head_dim)
     sums = rows + 1 if norm else rows  # the block reduces rows dot products (and h^2 with norm) per token
     half = rows // 2
-    outputs = half if swiglu else rows  # output columns per block
+    outputs = half if paired else rows  # outputs per block
+    rope_half = rope_head_dim // 2
+    lanes = min(threads, WARP_SIZE)   # a block narrower than a warp shuffles among its own lanes
+    warps = threads // lanes
+    lane_mask = FULL_WARP if lanes == WARP_SIZE else (1 << lanes) - 1
+    shuffle_steps = lanes.bit_length() - 1  # log2(lanes)
+    slots = warps if warp_reduce else threads  # partial sums per (row, token) in shared memory
+    totals = warps if warp_reduce else 1       # of which the epilogue adds the first `totals`
 
     @jit
-    def kernel(x, w_words, out, norm_words, eps, normed, residual_in, residual_out):
-        partial = cuda.shared.array((sums, chunk, threads), np.float32)
+    def kernel(x, w_words, out, norm_words, eps, normed, residual_in, residual_out, rope_operands):
+        partial = cuda.shared.array((sums, chunk, slots), np.float32)
         acc = cuda.local.array((sums, chunk), np.float32)
         words = cuda.local.array((unroll, rows), word_type)
+        weight_row = cuda.local.array(rows, np.int64)
         tid = cuda.threadIdx.x
         num_tokens, in_features = x.shape
         weight_rows, words_per_row = w_words.shape
-        out_features = weight_rows // 2 if swiglu else weight_rows
+        out_features = weight_rows // 2 if paired else weight_rows
         step = threads * unroll
         for row0 in range(cuda.blockIdx.x * outputs, out_features, cuda.gridDim.x * outputs):
+            # This block's weight rows. Past the last output they are clamped to valid addresses (no branch
+            # around the loads); their sums are never stored.
+            for r in range(rows):
+                output = min(row0 + r % outputs, out_features - 1)
+                if swiglu:  # gate row, or the up row I further down
+                    weight_row[r] = (r // half) * out_features + output
+                elif rope:  # first half of pair `output`, or its second half
+                    weight_row[r] = (output // rope_half) * rope_head_dim + output % rope_half + (r // half) * rope_half
+                else:
+                    weight_row[r] = output
             for t0 in range(0, num_tokens, chunk):
                 for r in range(sums):
                     for t in range(chunk):
                         acc[r, t] = np.float32(0.0)
                 for first_word in range(tid, words_per_row, step):
-                    # Issue every load of this step before using any. Out-of-range rows, words and tokens are
-                    # clamped to valid addresses (no branch around the loads); their values are never stored.
+                    # Issue every load of this step before using any. Out-of-range words and tokens are clamped
+                    # like the rows.
                     for u in range(unroll):
                         word = min(first_word + u * threads, words_per_row - 1)
                         for r in range(rows):
-                            if swiglu:  # gate row, or the up row I further down
-                                row = (r // half) * out_features + min(row0 + r % half, out_features - 1)
-                            else:
-                                row = min(row0 + r, out_features - 1)
-                            words[u, r] = w_words[row, word]
+                            words[u, r] = w_words[weight_row[r], word]
                     for u in range(unroll):
                         word = first_word + u * threads
                         if word < words_per_row:
@@ -200,43 +257,96 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                                     for r in range(rows):
                                         bits = (words[u, r] >> word_type(16 * e)) & word_type(0xFFFF)
                                         acc[r, t] += x_e * bf16_to_f32(np.uint32(bits))
-                for r in range(sums):
-                    for t in range(chunk):
-                        partial[r, t, tid] = acc[r, t]
-                cuda.syncthreads()
-                stride = threads // 2
-                while stride > 0:
-                    if tid < stride:
+                if warp_reduce:  # lane 0 ends with its warp's sums: lanes 0 + 16, then 0 + 8, ..., then 0 + 1
+                    for r in range(sums):
+                        for t in range(chunk):
+                            for s in range(shuffle_steps):
+                                acc[r, t] += cuda.shfl_down_sync(lane_mask, acc[r, t], lanes >> (s + 1))
+                    if tid % lanes == 0:
                         for r in range(sums):
                             for t in range(chunk):
-                                partial[r, t, tid] += partial[r, t, tid + stride]
+                                partial[r, t, tid // lanes] = acc[r, t]
                     cuda.syncthreads()
-                    stride //= 2
+                else:
+                    for r in range(sums):
+                        for t in range(chunk):
+                            partial[r, t, tid] = acc[r, t]
+                    cuda.syncthreads()
+                    stride = threads // 2
+                    while stride > 0:
+                        if tid < stride:
+                            for r in range(sums):
+                                for t in range(chunk):
+                                    partial[r, t, tid] += partial[r, t, tid + stride]
+                        cuda.syncthreads()
+                        stride //= 2
                 for i in range(tid, outputs * chunk, threads):
                     r = i // chunk
                     t = i - r * chunk
                     if row0 + r < out_features and t0 + t < num_tokens:
-                        value = partial[r, t, 0]
-                        up = partial[r + half, t, 0] if swiglu else value
+                        value = _block_total(partial, r, t, totals)
+                        # the up row (swiglu) or the pair's second half (rope)
+                        second = _block_total(partial, r + half, t, totals) if paired else value
                         if norm:
-                            scale = row_scale(partial[rows, t, 0], in_features, eps)
+                            scale = row_scale(_block_total(partial, rows, t, totals), in_features, eps)
                             value *= scale
-                            up *= scale
+                            second *= scale
                         if swiglu:
-                            value = silu(value) * up
-                        out[t0 + t, row0 + r] = value
+                            value = silu(value) * second
+                        if rope:
+                            _store_rope_pair(value, second, row0 + r, t0 + t, rope_half, rope_operands)
+                        else:
+                            out[t0 + t, row0 + r] = value
                         if residual:
                             residual_out[t0 + t, row0 + r] = value + residual_in[t0 + t, row0 + r]
                 if norm:  # this block's share of normed, for the tokens of this pass
-                    for t in range(min(chunk, num_tokens - t0)):
-                        scale = row_scale(partial[rows, t, 0], in_features, eps)
-                        for k in range(cuda.blockIdx.x * threads + tid, in_features, cuda.gridDim.x * threads):
-                            gain = bf16_to_f32(np.uint32((norm_words[k // word_elements] >> word_type(
-                                16 * (k % word_elements))) & word_type(0xFFFF)))
-                            normed[t0 + t, k] = gain * (x[t0 + t, k] * scale)
-                cuda.syncthreads()  # the next pass overwrites `partial` only after these reads
+                    first_k = cuda.blockIdx.x * threads + tid
+                    if first_k < in_features:  # blocks past the first in_features / threads have none
+                        for t in range(min(chunk, num_tokens - t0)):
+                            scale = row_scale(_block_total(partial, rows, t, totals), in_features, eps)
+                            for k in range(first_k, in_features, cuda.gridDim.x * threads):
+                                gain = bf16_to_f32(np.uint32((norm_words[k // word_elements] >> word_type(
+                                    16 * (k % word_elements))) & word_type(0xFFFF)))
+                                normed[t0 + t, k] = gain * (x[t0 + t, k] * scale)
+                # The next pass overwrites `partial` only after these reads; a block's last pass (every pass
+                # of a decode step on the GPU: one row group per block, one pass) skips the barrier.
+                if t0 + chunk < num_tokens or row0 + cuda.gridDim.x * outputs < out_features:
+                    cuda.syncthreads()
 
     return kernel
+
+
+@jit(device=True)
+def _store_rope_pair(x1, x2, pair, token, rope_half, rope_operands):
+    """rope_qkv's work for one (token, pair) of the q|k|v projection: pair = head * head_dim / 2 + d over the
+    q heads, then the k heads, then the v heads; q and k pairs rotate, k and v also go to the token's pool
+    slot (-1: padding, nothing stored). Same float32 operations as rope_qkv_kernel."""
+    positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping = rope_operands
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    block_size = k_pool.shape[1]
+    head = pair // rope_half
+    d = pair - head * rope_half
+    if head < n_heads + n_kv_heads:
+        x1, x2 = rotate_pair(x1, x2, positions[token], inv_freq[d])
+    if head < n_heads:
+        q[token, head, d] = x1
+        q[token, head, d + rope_half] = x2
+    else:
+        slot = slot_mapping[token]
+        if head < n_heads + n_kv_heads:
+            kv_head = head - n_heads
+            k[token, kv_head, d] = x1
+            k[token, kv_head, d + rope_half] = x2
+            if slot >= 0:
+                k_pool[slot // block_size, slot % block_size, kv_head, d] = x1
+                k_pool[slot // block_size, slot % block_size, kv_head, d + rope_half] = x2
+        else:
+            kv_head = head - n_heads - n_kv_heads
+            v[token, kv_head, d] = x1
+            v[token, kv_head, d + rope_half] = x2
+            if slot >= 0:
+                v_pool[slot // block_size, slot % block_size, kv_head, d] = x1
+                v_pool[slot // block_size, slot % block_size, kv_head, d + rope_half] = x2
 
 
 @jit
@@ -389,36 +499,79 @@ def gemv(x, w_bits, out=None):
     return out
 
 
-def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, word_elements=None):
+def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, word_elements=None,
+                   warp_reduce=None):
     """gemv with coalesced weight reads: a block of `threads` (power of two) splits each of its `rows`
     rows along K, a warp reading 32 consecutive words of `word_elements` bf16 (128 or 256 bytes) per load
     instruction; more than 2 tokens in passes of COALESCED_PASS_TOKENS. in_features must be a multiple of
-    word_elements and w_bits C-contiguous (a word view)."""
+    word_elements and w_bits C-contiguous (a word view). `warp_reduce` (default WARP_REDUCE): the block's
+    sums by warp shuffles (GPU only) or by the shared-memory tree."""
     out = _check_shapes(x, w_bits, out)
-    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, word_elements)
+    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, word_elements, warp_reduce=warp_reduce)
     return out
 
 
-def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=False):
+def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=False, threads=None, unroll=None,
+                 warp_reduce=None):
     """out = rmsnorm(h) @ W.T in one gemv_coalesced launch (RMSNorm with bf16 gains norm_weight [K] fused in
     front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it.
     With `swiglu`, w_bits is [Wg; Wu] ([2 I, K]) and out [T, I] = silu(x Wg) * (x Wu), x = rmsnorm(h)."""
     assert not swiglu or w_bits.shape[0] % 2 == 0, f"swiglu needs [Wg; Wu] stacked, got {w_bits.shape[0]} rows"
     out = _check_shapes(h, w_bits, out, w_bits.shape[0] // 2 if swiglu else None)
-    normed = device_empty(h.shape, np.float32) if normed is None else normed
-    assert norm_weight.shape == (h.shape[1],) and norm_weight.dtype == np.uint16, norm_weight.shape
-    assert normed.shape == h.shape and normed.dtype == np.float32, normed.shape
-    _launch_gemv_coalesced(h, w_bits, out, norm_weight=norm_weight, eps=eps, normed=normed, swiglu=swiglu)
+    normed = _check_normed(h, norm_weight, normed)
+    _launch_gemv_coalesced(h, w_bits, out, threads, unroll=unroll, norm_weight=norm_weight, eps=eps, normed=normed,
+                           swiglu=swiglu, warp_reduce=warp_reduce)
     return out, normed
 
 
-def gemv_residual(x, w_bits, residual, out=None, residual_out=None):
+def gemv_rmsnorm_rope(h, norm_weight, eps, w_bits, positions, inv_freq, n_heads, n_kv_heads, head_dim, kv_pools,
+                      slot_mapping, q_out=None, k_out=None, v_out=None, normed=None, threads=None, unroll=None,
+                      warp_reduce=None):
+    """rope_qkv(rmsnorm(h) @ W.T) with W = [Wq; Wk; Wv] in one gemv_coalesced launch: the RMSNorm in front as
+    gemv_rmsnorm, RoPE and the K/V write behind as rope.rope_qkv with kv_pools = (k_pool, v_pool) ([num_blocks,
+    block_size, n_kv_heads, head_dim]): k and v also stored at each token's slot_mapping slot (-1: nothing).
+    positions and slot_mapping int32 [T], inv_freq float32 [head_dim / 2]. Returns (q [T, n_heads, head_dim],
+    k, v [T, n_kv_heads, head_dim], normed = rmsnorm(h)); q|k|v itself is never stored. The same dot products
+    as gemv_rmsnorm with the same launch shape, rotated by rope_qkv's rotate_pair: in the simulator every bit
+    the same as gemv_rmsnorm then rope_qkv."""
+    n_tokens, hidden = h.shape
+    width = (n_heads + 2 * n_kv_heads) * head_dim
+    assert h.dtype == np.float32 and w_bits.dtype == np.uint16 and w_bits.shape == (width, hidden), (
+        f"h {h.shape} {h.dtype}, W {w_bits.shape} {w_bits.dtype}: want W [{width}, {hidden}] uint16")
+    assert head_dim % 2 == 0 and inv_freq.shape == (head_dim // 2,) and inv_freq.dtype == np.float32, inv_freq.shape
+    assert positions.shape == slot_mapping.shape == (n_tokens,), (positions.shape, slot_mapping.shape, n_tokens)
+    assert positions.dtype == slot_mapping.dtype == np.int32, (positions.dtype, slot_mapping.dtype)
+    k_pool, v_pool = kv_pools
+    assert k_pool.shape == v_pool.shape and k_pool.shape[2:] == (n_kv_heads, head_dim), (k_pool.shape, v_pool.shape)
+    q_shape, kv_shape = (n_tokens, n_heads, head_dim), (n_tokens, n_kv_heads, head_dim)
+    q = device_empty(q_shape, np.float32) if q_out is None else q_out
+    k = device_empty(kv_shape, np.float32) if k_out is None else k_out
+    v = device_empty(kv_shape, np.float32) if v_out is None else v_out
+    assert q.shape == q_shape and k.shape == kv_shape and v.shape == kv_shape, (q.shape, k.shape, v.shape)
+    normed = _check_normed(h, norm_weight, normed)
+    _launch_gemv_coalesced(h, w_bits, normed, threads, unroll=unroll, norm_weight=norm_weight, eps=eps,  # out: unused
+                           normed=normed, rope_head_dim=head_dim,
+                           rope_operands=(positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping),
+                           warp_reduce=warp_reduce)
+    return q, k, v, normed
+
+
+def gemv_residual(x, w_bits, residual, out=None, residual_out=None, threads=None, unroll=None, warp_reduce=None):
     """out = x @ W.T and residual_out = out + residual in one gemv_coalesced launch; returns both."""
     out = _check_shapes(x, w_bits, out)
     residual_out = device_empty(out.shape, np.float32) if residual_out is None else residual_out
     assert residual.shape == out.shape == residual_out.shape, (residual.shape, out.shape, residual_out.shape)
-    _launch_gemv_coalesced(x, w_bits, out, residual=residual, residual_out=residual_out)
+    _launch_gemv_coalesced(x, w_bits, out, threads, unroll=unroll, residual=residual, residual_out=residual_out,
+                           warp_reduce=warp_reduce)
     return out, residual_out
+
+
+def _check_normed(h, norm_weight, normed):
+    """The norm-fused launchers' normed output [T, K] f32 (allocated if None), after checking the gains."""
+    normed = device_empty(h.shape, np.float32) if normed is None else normed
+    assert norm_weight.shape == (h.shape[1],) and norm_weight.dtype == np.uint16, norm_weight.shape
+    assert normed.shape == h.shape and normed.dtype == np.float32, normed.shape
+    return normed
 
 
 def coalesced_threads(row_groups: int) -> int:
@@ -434,9 +587,11 @@ def coalesced_threads(row_groups: int) -> int:
 
 
 def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None, word_elements=None,
-                           norm_weight=None, eps=0.0, normed=None, residual=None, residual_out=None, swiglu=False):
+                           norm_weight=None, eps=0.0, normed=None, residual=None, residual_out=None, swiglu=False,
+                           rope_head_dim=0, rope_operands=(), warp_reduce=None):
     num_tokens, in_features = x.shape
-    out_features = out.shape[1]
+    paired = swiglu or rope_head_dim > 0  # each output is two weight rows: gate and up, or a RoPE pair
+    out_features = w_bits.shape[0] // 2 if paired else w_bits.shape[0]
     if word_elements is None:
         word_elements = COALESCED_WORD_ELEMENTS if in_features % COALESCED_WORD_ELEMENTS == 0 else 2
     assert in_features % word_elements == 0, (
@@ -444,7 +599,7 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     chunk = num_tokens if num_tokens <= 2 else COALESCED_PASS_TOKENS
     if rows is None:
         rows = COALESCED_ROWS if chunk <= 2 else COALESCED_ROWS_MANY_TOKENS
-    outputs_per_block = rows // 2 if swiglu else rows
+    outputs_per_block = rows // 2 if paired else rows
     # The norm-fused kernel (~96 registers) keeps the configuration it was measured fastest in: norm + q|k|v
     # 10.9 us a layer at 64 threads x 4 loads, 13.2 at 128 x 2 (docs/bench/h200-round4a-profile_decode.log,
     # h200-round4-final-profile_decode.log); the plain one takes the sweep's choice.
@@ -454,6 +609,8 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
         threads = coalesced_threads(cdiv(out_features, outputs_per_block)) if wide else COALESCED_THREADS
     if unroll is None:
         unroll = COALESCED_UNROLL_MANY_TOKENS if chunk > 2 else (COALESCED_UNROLL_NORM if norm else COALESCED_UNROLL)
+    if warp_reduce is None:
+        warp_reduce = WARP_REDUCE and chunk <= WARP_REDUCE_MAX_CHUNK
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     if num_tokens == 0 or out_features == 0:
         return
@@ -461,12 +618,13 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
     word_type = np.uint32 if word_elements == 2 else np.uint64
     w_words = w_bits.view(word_type)
-    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None, swiglu)
+    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None, swiglu,
+                                   rope_head_dim, warp_reduce)
     # unused operands get stand-ins of the right type (a compiled-out branch never touches them)
     norm_words = norm_weight.view(word_type) if norm else w_words[0]
     kernel[blocks, threads, launch_stream()](
         x, w_words, out, norm_words, np.float32(eps), normed if norm else out,
-        out if residual is None else residual, out if residual_out is None else residual_out)
+        out if residual is None else residual, out if residual_out is None else residual_out, rope_operands)
 
 
 def gemm(x, w_bits, out=None):

@@ -2,12 +2,18 @@
 
     python scripts/sweep_gemv.py [--tokens 1] [--repeats 50]
 Shapes are Llama-3.2-1B's decode projections (q|k|v, o, gate|up, down, LM head). Each variant is
-(threads, rows per block, loads in flight per row, bf16 per load); the table gives GB/s of weight bytes
-(the kernel's minimum traffic) timed with CUDA events over `repeats` launches captured in one CUDA graph,
-as a decode step runs them (eager launches from Python cost more than a small projection takes), each
-launch on another copy of the weights so they come from HBM, not the 50 MB L2; beside torch's bf16
+(threads, rows per block, loads in flight per row, bf16 per load, block reduction); the table gives GB/s of
+weight bytes (the kernel's minimum traffic) timed with CUDA events over `repeats` launches captured in one
+CUDA graph, as a decode step runs them (eager launches from Python cost more than a small projection takes),
+each launch on another copy of the weights so they come from HBM, not the 50 MB L2; beside torch's bf16
 matmul (cuBLAS, eager) on the same shape when torch is there.
     python scripts/sweep_gemv.py --shapes qkv,o_proj,gate_up,down
+`--kinds` adds the fused-GEMV layer's epilogues on the shapes that run them (KINDS: norm, norm_rope and
+norm_then_rope_qkv, the two launches it replaces, on q|k|v; norm_swiglu on gate|up; residual on o_proj and
+down), `--reduce shuffle,tree` times both block reductions (warp shuffles, the shared-memory tree; default:
+the launchers' own, matmul.WARP_REDUCE), and `--variants default` times only the launch shape each launcher
+picks by itself (a few compiles, not ~100):
+    python scripts/sweep_gemv.py --shapes qkv,o_proj,gate_up,down --kinds all --reduce shuffle,tree --variants default
 """
 import argparse
 import itertools
@@ -22,6 +28,54 @@ SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048),
           "lm_head": (128256, 2048)}
 VARIANTS = [(threads, rows, unroll, word) for threads, rows, unroll, word in itertools.product(
     (64, 128, 256), (1, 2, 4), (2, 4, 8), (2, 4)) if rows * unroll * word <= 64]
+# The fused launchers keep 4 rows a block (2 pairs with SwiGLU or RoPE) and 4 bf16 a load: block size x loads
+# in flight.
+FUSED_VARIANTS = [(threads, None, unroll, None) for threads, unroll in itertools.product((64, 128, 256), (1, 2, 4))]
+DEFAULT_VARIANT = (None, None, None, None)  # what the launcher picks
+KINDS = {"qkv": ("plain", "norm", "norm_rope", "norm_then_rope_qkv"), "o_proj": ("plain", "residual"),
+         "gate_up": ("plain", "norm_swiglu"), "down": ("plain", "residual"), "lm_head": ("plain",)}
+REDUCES = {"shuffle": True, "tree": False, "default": None}  # None: matmul.WARP_REDUCE (for 1-2 tokens)
+N_HEADS, N_KV_HEADS, HEAD_DIM = 32, 8, 64  # Llama-3.2-1B: q|k|v is (32 + 2 * 8) * 64 = 3072 rows
+
+
+def make_launch(kind: str, tokens: int, n: int, k: int, rng):
+    """launch(w, variant, warp_reduce) for one kind of epilogue on an n x k weight, its inputs and outputs
+    allocated once here (fresh random activations, and for RoPE positions, slots and KV pools)."""
+    from numba import cuda
+    from kernels_numba.matmul import gemv_coalesced, gemv_residual, gemv_rmsnorm, gemv_rmsnorm_rope
+    from kernels_numba.rope import rope_inv_freq, rope_qkv
+    x = cuda.to_device(rng.standard_normal((tokens, k)).astype(np.float32))
+    gains = cuda.to_device(rng.integers(0x3F00, 0x3F90, k).astype(np.uint16))  # bf16 in [0.5, 1.1)
+    normed = cuda.device_array((tokens, k), np.float32)
+    out = cuda.device_array((tokens, n // 2 if kind == "norm_swiglu" else n), np.float32)
+    residual, residual_out = cuda.device_array_like(out), cuda.device_array_like(out)
+    positions = cuda.to_device(np.arange(100, 100 + tokens, dtype=np.int32))
+    slots = cuda.to_device(np.arange(tokens, dtype=np.int32))
+    inv_freq = cuda.to_device(rope_inv_freq(HEAD_DIM, 500000.0, None))
+    pools = tuple(cuda.device_array((64, 16, N_KV_HEADS, HEAD_DIM), np.float32) for _ in range(2))
+    qkv_out = (cuda.device_array((tokens, N_HEADS, HEAD_DIM), np.float32),
+               cuda.device_array((tokens, N_KV_HEADS, HEAD_DIM), np.float32),
+               cuda.device_array((tokens, N_KV_HEADS, HEAD_DIM), np.float32))
+
+    def launch(w, variant, warp_reduce):
+        threads, rows, unroll, word = variant
+        if kind == "plain":
+            gemv_coalesced(x, w, out, threads=threads, rows=rows, unroll=unroll, word_elements=word,
+                           warp_reduce=warp_reduce)
+        elif kind == "residual":
+            gemv_residual(x, w, residual, out, residual_out, threads=threads, unroll=unroll, warp_reduce=warp_reduce)
+        elif kind in ("norm", "norm_swiglu", "norm_then_rope_qkv"):
+            gemv_rmsnorm(x, gains, 1e-5, w, out, normed, swiglu=kind == "norm_swiglu", threads=threads,
+                         unroll=unroll, warp_reduce=warp_reduce)
+            if kind == "norm_then_rope_qkv":
+                rope_qkv(out, positions, inv_freq, N_HEADS, N_KV_HEADS, HEAD_DIM, *qkv_out, kv_pools=pools,
+                         slot_mapping=slots)
+        elif kind == "norm_rope":
+            gemv_rmsnorm_rope(x, gains, 1e-5, w, positions, inv_freq, N_HEADS, N_KV_HEADS, HEAD_DIM, pools, slots,
+                              *qkv_out, normed, threads=threads, unroll=unroll, warp_reduce=warp_reduce)
+        else:
+            raise ValueError(f"unknown kind {kind!r}; known: {sorted({k for ks in KINDS.values() for k in ks})}")
+    return launch
 
 
 def time_launches(launch, repeats: int) -> float:
@@ -71,29 +125,45 @@ def main():
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--kinds", default="plain", help="comma-separated epilogues (see KINDS), or 'all'")
+    parser.add_argument("--reduce", default="default",
+                        help="block reductions to time, comma-separated: shuffle, tree, default (the launchers' own)")
+    parser.add_argument("--variants", default="all", choices=("all", "default"),
+                        help="all: the launch-shape sweep; default: the launchers' own choice only")
     args = parser.parse_args()
     from numba import cuda
-    from kernels_numba.matmul import gemv_coalesced
     rng = np.random.default_rng(0)
     best = {}
     rows_out = []
     shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+    reduces = [REDUCES[r] for r in args.reduce.split(",")]
     for name, (n, k) in shapes.items():
         weight_bytes = n * k * 2
         copies = max(1, min(args.repeats, -(-256 * 2**20 // weight_bytes)))  # >= 256 MB: 5x the L2
         w_one = rng.integers(0x3C00, 0x3F00, (n, k)).astype(np.uint16)  # bf16 in [0.0078, 0.5)
         weights = [cuda.to_device(w_one) for _ in range(copies)]
-        x = cuda.to_device(rng.standard_normal((args.tokens, k)).astype(np.float32))
-        out = cuda.device_array((args.tokens, n), np.float32)
-        for threads, rows, unroll, word in VARIANTS:
-            seconds = time_in_graph(lambda i: gemv_coalesced(x, weights[i % copies], out, threads=threads, rows=rows,
-                                                             unroll=unroll, word_elements=word), args.repeats)
-            gbs = weight_bytes / seconds / 1e9
-            rows_out.append((name, threads, rows, unroll, word, seconds * 1e6, gbs))
-            if gbs > best.get(name, (0,))[0]:
-                best[name] = (gbs, threads, rows, unroll, word)
-        print(f"{name} {n}x{k}: best {best[name][0]:.0f} GB/s with threads={best[name][1]} rows={best[name][2]} "
-              f"unroll={best[name][3]} word={best[name][4]}", flush=True)
+        kinds = [kind for kind in KINDS[name] if args.kinds == "all" or kind in args.kinds.split(",")]
+        for kind in kinds:
+            launch = make_launch(kind, args.tokens, n, k, rng)
+            if args.variants == "default":
+                variants = [DEFAULT_VARIANT]
+            else:
+                variants = VARIANTS if kind == "plain" else FUSED_VARIANTS
+            for variant, warp_reduce in itertools.product(variants, reduces):
+                seconds = time_in_graph(lambda i: launch(weights[i % copies], variant, warp_reduce), args.repeats)
+                gbs = weight_bytes / seconds / 1e9
+                reduce = {True: "shuffle", False: "tree", None: "default"}[warp_reduce]
+                rows_out.append((name, kind, reduce, *(v or "-" for v in variant), seconds * 1e6, gbs))
+                key = (name, kind, reduce)
+                if gbs > best.get(key, (0,))[0]:
+                    best[key] = (gbs, seconds * 1e6, variant)
+                if variants == [DEFAULT_VARIANT]:
+                    print(f"{name} {kind} {reduce}: {seconds * 1e6:.1f} us ({gbs:.0f} GB/s)", flush=True)
+            for reduce in REDUCES:
+                if (name, kind, reduce) in best:
+                    gbs, us, (threads, rows, unroll, word) = best[name, kind, reduce]
+                    print(f"{name} {n}x{k} {kind} {reduce}: best {gbs:.0f} GB/s ({us:.1f} us) with threads={threads} "
+                          f"rows={rows} unroll={unroll} word={word}", flush=True)
     try:
         import torch
         for name, (n, k) in shapes.items():
@@ -112,9 +182,9 @@ def main():
             print(f"torch bf16 {name}: {n * k * 2 / seconds / 1e9:.0f} GB/s ({seconds * 1e6:.1f} us)")
     except ImportError:
         print("torch not importable: no cuBLAS reference")
-    print("shape threads rows unroll word us GB/s")
-    for r in sorted(rows_out, key=lambda r: (r[0], -r[6]))[:]:
-        print(f"{r[0]} {r[1]} {r[2]} {r[3]} {r[4]} {r[5]:.1f} {r[6]:.0f}")
+    print("shape kind reduce threads rows unroll word us GB/s")
+    for r in sorted(rows_out, key=lambda r: (r[0], r[1], -r[8])):
+        print(f"{r[0]} {r[1]} {r[2]} {r[3]} {r[4]} {r[5]} {r[6]} {r[7]:.1f} {r[8]:.0f}")
 
 
 if __name__ == "__main__":

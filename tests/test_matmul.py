@@ -1,3 +1,5 @@
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -6,10 +8,12 @@ from kernels_numba.common import cuda
 from kernels_numba import matmul
 from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_PASS_TOKENS, COALESCED_ROWS,
                                   GEMV_ROWS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemm_splits, gemv,
-                                  gemv_coalesced, gemv_residual, gemv_rmsnorm, linear, linear_kernel_name,
-                                  linear_ref)
+                                  gemv_coalesced, gemv_residual, gemv_rmsnorm, gemv_rmsnorm_rope, linear,
+                                  linear_kernel_name, linear_ref)
 from kernels_numba.activation import silu_mul_ref, silu_ref
+from kernels_numba.paged_attention import write_kv_paged_ref
 from kernels_numba.rmsnorm import rmsnorm_ref
+from kernels_numba.rope import rope_inv_freq, rope_qkv, rope_qkv_ref
 from tests.helpers import poisoned
 
 OUT_FEATURES = 45  # not a multiple of TILE (16), of a warp, nor of gemv_coalesced's rows per block
@@ -165,6 +169,123 @@ def test_gemv_residual_adds_the_residual(rng, num_tokens):
     got = got.copy_to_host()
     _assert_close_to_ref(got, x, w_bits)
     np.testing.assert_array_equal(got_summed.copy_to_host(), got + residual)  # one float32 add, as add_rmsnorm
+
+
+# Both reductions of a block's partial sums: the warp shuffles run only on a GPU (TINYVLLM_TEST_GPU=1); 8 threads
+# is a block narrower than a warp (shuffles among its own lanes), 64 two warps, 256 eight.
+@pytest.mark.parametrize("warp_reduce", [False, True])
+@pytest.mark.parametrize("threads", [8, 64, 256])
+def test_gemv_coalesced_both_reductions(rng, warp_reduce, threads):
+    if warp_reduce and matmul.SIMULATOR:
+        pytest.skip("the simulator has no warp shuffles")
+    if threads > 8 and matmul.SIMULATOR:
+        pytest.skip("a simulated syncthreads costs ~2.5 ms per thread: the simulator keeps blocks narrow")
+    x, w_bits = _inputs(rng, 2, 130)
+    out = poisoned((2, OUT_FEATURES), np.float32)
+    got = gemv_coalesced(cuda.to_device(x), cuda.to_device(w_bits), out=out, threads=threads,
+                         warp_reduce=warp_reduce).copy_to_host()
+    _assert_close_to_ref(got, x, w_bits)
+    again = gemv_coalesced(cuda.to_device(x), cuda.to_device(w_bits), threads=threads, warp_reduce=warp_reduce)
+    np.testing.assert_array_equal(again.copy_to_host(), got)  # a fixed summation order: the same bits every time
+
+
+def test_the_simulator_runs_the_tree():
+    if matmul.SIMULATOR:
+        assert not matmul.WARP_REDUCE
+    with pytest.raises(AssertionError, match="no warp shuffles") if matmul.SIMULATOR else contextlib.nullcontext():
+        matmul.gemv_coalesced_kernel(1, 64, 4, 2, 4, warp_reduce=True)
+
+
+# gemv_rmsnorm_rope: GQA (4 q heads share 2 KV heads, Llama-3.2-1B's head_dim 64 scaled down to 16) over uint64
+# words, 2 q heads / 1 KV head of 8 over uint32 words (K = 66), and head_dim 6, whose 3 pairs a head put a
+# block's pairs (2, or 4 past 2 tokens) in two heads; 1 and 2 tokens in one pass, 3 in a pass of 4.
+# Every token count has a slot of its own; 2 and 3 include a padding token (slot -1) whose K/V go nowhere.
+SLOTS = {1: [5], 2: [-1, 9], 3: [13, -1, 2]}
+POSITIONS = [4093, 17, 2047]
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 3])
+@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim, hidden", [(4, 2, 16, 64), (2, 1, 8, 66), (3, 1, 6, 64)])
+def test_gemv_rmsnorm_rope_matches_norm_linear_rope_and_the_pool_writes(rng, num_tokens, n_heads, n_kv_heads,
+                                                                         head_dim, hidden):
+    """Against numpy: rmsnorm_ref -> linear_ref -> rope_qkv_ref -> write_kv_paged_ref. Each q|k|v dot product is
+    within gemv_rmsnorm's bound e (see test_gemv_rmsnorm_matches_rmsnorm_then_linear); a rotated value
+    x1 cos - x2 sin moves by at most e1 + e2 (|cos|, |sin| <= 1), plus rope's own cos/sin difference (rope
+    tests' TOL: 1e-5 absolute and relative). v is copied: e alone. Against the unfused launches (gemv_rmsnorm then
+    rope_qkv with the pools, same launch shape): the same dot products and the same rotate_pair, so in the
+    simulator every bit of q, k, v, normed and both pools is the same; on a GPU the rotation's multiply-adds may
+    contract differently (an FMA rounds once instead of twice): within 4 u (|x1| + |x2|)."""
+    eps, block_size, num_blocks = 1e-5, 4, 5
+    width = (n_heads + 2 * n_kv_heads) * head_dim
+    h = (3 * rng.standard_normal((num_tokens, hidden))).astype(np.float32)
+    gains = f32_to_bf16_ref((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    _, w_bits = _inputs(rng, num_tokens, hidden, out_features=width)
+    positions = np.array(POSITIONS[:num_tokens], dtype=np.int32)
+    slots = np.array(SLOTS[num_tokens], dtype=np.int32)
+    inv_freq = rope_inv_freq(head_dim, 500000.0, None)
+    pool_shape = (num_blocks, block_size, n_kv_heads, head_dim)
+    k_pool = rng.standard_normal(pool_shape).astype(np.float32)
+    v_pool = rng.standard_normal(pool_shape).astype(np.float32)
+    d_h, d_gains, d_w = cuda.to_device(h), cuda.to_device(gains), cuda.to_device(w_bits)
+    d_positions, d_inv_freq, d_slots = cuda.to_device(positions), cuda.to_device(inv_freq), cuda.to_device(slots)
+    d_k_pool, d_v_pool = cuda.to_device(k_pool), cuda.to_device(v_pool)
+    q_shape, kv_shape = (num_tokens, n_heads, head_dim), (num_tokens, n_kv_heads, head_dim)
+    outs = [poisoned(q_shape, np.float32), poisoned(kv_shape, np.float32), poisoned(kv_shape, np.float32),
+            poisoned((num_tokens, hidden), np.float32)]
+    returned = gemv_rmsnorm_rope(d_h, d_gains, eps, d_w, d_positions, d_inv_freq, n_heads, n_kv_heads, head_dim,
+                                 (d_k_pool, d_v_pool), d_slots, *outs)
+    assert all(got is want for got, want in zip(returned, outs))
+    q, k, v, normed = (a.copy_to_host() for a in returned)
+    got_k_pool, got_v_pool = d_k_pool.copy_to_host(), d_v_pool.copy_to_host()
+    for got in (q, k, v, normed):
+        assert not np.isnan(got).any(), "some outputs were never written"
+
+    x = rmsnorm_ref(h, gains, eps)
+    qkv = linear_ref(x, w_bits)
+    gamma = (hidden + 4) * UNIT_ROUNDOFF / (1 - (hidden + 4) * UNIT_ROUNDOFF)
+    e = 2 * gamma * (np.abs(x).astype(np.float64) @ np.abs(bf16_to_f32_ref(w_bits)).astype(np.float64).T)
+    want_q, want_k, want_v = rope_qkv_ref(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim)
+    q_cols, kv_cols = n_heads * head_dim, n_kv_heads * head_dim
+    e_q, e_k, e_v = (e[:, :q_cols].reshape(q_shape), e[:, q_cols:q_cols + kv_cols].reshape(kv_shape),
+                     e[:, q_cols + kv_cols:].reshape(kv_shape))
+    half = head_dim // 2
+    for got, want, err in ((q, want_q, e_q), (k, want_k, e_k)):
+        pair_err = err[..., :half] + err[..., half:]  # e1 + e2, for both values of the pair
+        bound = np.concatenate([pair_err, pair_err], axis=-1) + 1e-5 + 1e-5 * np.abs(want)
+        assert (np.abs(got - want) <= bound).all(), f"max err {np.abs(got - want).max()}"
+    assert (np.abs(v - want_v) <= e_v).all(), f"max err {np.abs(v - want_v).max()}"
+    assert (np.abs(normed - x) <= (gamma + 4 * UNIT_ROUNDOFF) * np.abs(x)).all()
+    want_k_pool, want_v_pool = write_kv_paged_ref(k, v, k_pool, v_pool, slots)  # the values it returned, at their
+    np.testing.assert_array_equal(got_k_pool, want_k_pool)                      # slots; every other entry kept
+    np.testing.assert_array_equal(got_v_pool, want_v_pool)
+
+    d_k_pool, d_v_pool = cuda.to_device(k_pool), cuda.to_device(v_pool)
+    unfused_qkv, unfused_normed = gemv_rmsnorm(d_h, d_gains, eps, d_w)
+    unfused = rope_qkv(unfused_qkv, d_positions, d_inv_freq, n_heads, n_kv_heads, head_dim,
+                       kv_pools=(d_k_pool, d_v_pool), slot_mapping=d_slots)
+    unfused = [a.copy_to_host() for a in (*unfused, unfused_normed, d_k_pool, d_v_pool)]
+    largest_pair = 2 * np.abs(unfused_qkv.copy_to_host()).max()  # >= |x1| + |x2| of every pair
+    for got, want in zip((q, k, v, normed, got_k_pool, got_v_pool), unfused):
+        if matmul.SIMULATOR:
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        else:
+            np.testing.assert_allclose(got, want, rtol=0, atol=4 * UNIT_ROUNDOFF * largest_pair)
+
+
+def test_gemv_rmsnorm_rope_allocates_its_outputs(rng):
+    n_heads, n_kv_heads, head_dim, hidden = 2, 1, 8, 64
+    h = rng.standard_normal((1, hidden)).astype(np.float32)
+    gains = f32_to_bf16_ref((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    _, w_bits = _inputs(rng, 1, hidden, out_features=(n_heads + 2 * n_kv_heads) * head_dim)
+    pools = (cuda.to_device(np.ones((2, 4, n_kv_heads, head_dim), np.float32)),
+             cuda.to_device(np.ones((2, 4, n_kv_heads, head_dim), np.float32)))
+    q, k, v, normed = gemv_rmsnorm_rope(cuda.to_device(h), cuda.to_device(gains), 1e-5, cuda.to_device(w_bits),
+                                        cuda.to_device(np.array([3], np.int32)),
+                                        cuda.to_device(rope_inv_freq(head_dim, 10000.0, None)), n_heads, n_kv_heads,
+                                        head_dim, pools, cuda.to_device(np.array([6], np.int32)))
+    assert (q.shape, k.shape, v.shape, normed.shape) == ((1, 2, 8), (1, 1, 8), (1, 1, 8), (1, hidden))
+    np.testing.assert_array_equal(pools[0].copy_to_host()[1, 2], k.copy_to_host()[0])  # slot 6: block 1, offset 2
+    np.testing.assert_array_equal(pools[1].copy_to_host()[1, 2], v.copy_to_host()[0])
 
 
 def test_gemv_coalesced_rejects_odd_in_features(rng):

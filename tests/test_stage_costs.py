@@ -37,9 +37,13 @@ def test_the_fused_layer_counts_each_launch_where_it_runs():
     fused = stage_costs(CONFIG, batch, logits_rows=2, fused=True)
     T, H, I = 2, 8, 12
     qkv_width = 4 * 2 + 2 * 2 * 2
-    assert fused["input_norm"].flops == plain["input_norm"].flops + plain["q"].flops  # norm + q|k|v
-    # rope: read q|k|v, write q, k, v, and k, v into the pool
-    assert fused["q"].bytes == T * qkv_width * 2 * 4 + T * 2 * 2 * 2 * 4 and fused["q"].flops == 0
+    # norm + q|k|v + RoPE + the K/V write in one launch: the two plain stages' counts (q, k and v written
+    # where the plain projection writes q|k|v, the same bytes; rope counts no FLOPs)
+    assert fused["input_norm"].flops == plain["input_norm"].flops + plain["q"].flops
+    assert fused["input_norm"].bytes == plain["input_norm"].bytes + plain["q"].bytes
+    assert fused["input_norm"].bytes == (qkv_width * H * 2 + T * (H + qkv_width) * 4 + T * 2 * 2 * 2 * 4
+                                         + H * 2 + 2 * T * H * 4)
+    assert fused["q"].bytes == fused["q"].flops == 0
     assert fused["o_proj"].bytes == plain["o_proj"].bytes + 2 * T * H * 4  # + reading h, writing h + o
     assert fused["attn_residual"].bytes == fused["output"].flops == 0
     assert fused["post_norm"].flops == 2 * T * H * 2 * I + 4 * T * I + 4 * T * H  # gate|up, silu * up, norm

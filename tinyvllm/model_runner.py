@@ -30,10 +30,10 @@ import numpy as np
 from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
-from kernels_numba.matmul import gemv_residual, gemv_rmsnorm, linear, linear_kernel_name
+from kernels_numba.matmul import gemv_residual, gemv_rmsnorm, gemv_rmsnorm_rope, linear, linear_kernel_name
 from kernels_numba.paged_attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
-                                           paged_attention_per_query, paged_attention_prefill_gqa,
-                                           paged_attention_split_keys)
+                                           paged_attention_flash_decode, paged_attention_per_query,
+                                           paged_attention_prefill_gqa)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
 
@@ -304,11 +304,11 @@ class ModelRunner:
                    for n_in in (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size))
 
     def _fused_layers(self, batch: DeviceBatch, h, attend, attention_kernel: str, _stage, logits: bool):
-        """The layers with every RMSNorm fused in front of the projection that reads it (gemv_rmsnorm), the
-        SwiGLU gate behind gate|up, and every residual add behind the projection that feeds it (gemv_residual):
-        per layer three launches fewer than the add_rmsnorm path, and no kernel that only moves activations.
-        Same stages, same outputs (up to float32 rounding: the norm's scale multiplies the dot products
-        instead of the inputs)."""
+        """The layers with every RMSNorm fused in front of the projection that reads it (gemv_rmsnorm,
+        gemv_rmsnorm_rope), RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, and every
+        residual add behind the projection that feeds it (gemv_residual): 5 launches a layer, four fewer than
+        the add_rmsnorm path, and no kernel that only moves activations. Same stages, same outputs (up to
+        float32 rounding: the norm's scale multiplies the dot products instead of the inputs)."""
         c, w_all = self.config, self.weights
         T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         eps = c.rms_norm_eps
@@ -316,15 +316,13 @@ class ModelRunner:
         for i, w in enumerate(w_all.layers):
             k_pool, v_pool = self.kv_pool.layer(i)
             name = f"layers.{i}.".__add__
-            qkv, _ = yield from _stage(name("input_norm"), "matmul.gemv_rmsnorm (input_norm fused in front of "
-                                       "q|k|v in one)", lambda: gemv_rmsnorm(h, w.input_norm, eps, w.qkv_proj),
-                                       i, show=1)
-            q, k, v = yield from _stage(name("q"), f"rope.rope_qkv (+ the K/V write; q|k|v projected by "
-                                        f"{name('input_norm')})", lambda: rope_qkv(
-                                            qkv, positions, self.inv_freq, nh, nkv, hd, kv_pools=(k_pool, v_pool),
-                                            slot_mapping=slot_mapping), i, show=0)
-            k = yield from _stage(name("k"), f"({FUSED} {name('q')})", lambda: k, i)
-            v = yield from _stage(name("v"), f"({FUSED} {name('q')})", lambda: v, i)
+            q, k, v, _ = yield from _stage(name("input_norm"), "matmul.gemv_rmsnorm_rope (input_norm fused in front "
+                                           "of q|k|v in one, RoPE and the K/V write behind)", lambda: gemv_rmsnorm_rope(
+                                               h, w.input_norm, eps, w.qkv_proj, positions, self.inv_freq, nh, nkv, hd,
+                                               (k_pool, v_pool), slot_mapping), i, show=3)
+            q = yield from _stage(name("q"), f"({FUSED} {name('input_norm')})", lambda: q, i)
+            k = yield from _stage(name("k"), f"({FUSED} {name('input_norm')})", lambda: k, i)
+            v = yield from _stage(name("v"), f"({FUSED} {name('input_norm')})", lambda: v, i)
             a = yield from _stage(name("attn"), attention_kernel,
                                   lambda: attend(q, k_pool, v_pool).reshape(T, nh * hd), i)
             _, h = yield from _stage(name("o_proj"), "matmul.gemv_residual (+ the residual add)",
@@ -353,10 +351,10 @@ class ModelRunner:
         """Pick the attention kernel for this step: (q, k_pool, v_pool) -> out, and its name.
 
         In the simulator (where syncthreads are slow) one thread per (query, head) serves every step. On a
-        GPU, the smallest decode-only steps (under DECODE_GQA_MIN_BLOCKS (query, KV head) pairs: batches
-        up to 7 on Llama-3.2-1B) give each (query, head) blocks whose threads split the keys; larger ones a
-        block per (query, KV head) pair that serves the group's query heads from one shared copy of each
-        K/V chunk. Steps with prefill chunks use the kernel
+        GPU, decode-only steps get a block per (query, KV head) pair that serves the group's query heads from
+        one shared copy of each K/V chunk; the smallest ones (under DECODE_GQA_MIN_BLOCKS pairs: batches up
+        to 7 on Llama-3.2-1B) also a block per key partition (flash_decode), merged by the pair's last block
+        to finish, so that a batch-1 step keeps more than 8 blocks busy. Steps with prefill chunks use the kernel
         where a block owns a query tile for all query heads of one KV head and walks key tiles through
         shared memory; its query tiles are built once for all layers (DeviceBatch.prefill_tiles).
         """
@@ -371,9 +369,9 @@ class ModelRunner:
                 return paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
             return decode_gqa, "paged_attention.paged_attention_decode_gqa"
         if batch.decode_only:
-            def split_keys(q, k_pool, v_pool):
-                return paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
-            return split_keys, "paged_attention.paged_attention_split_keys"
+            def flash_decode(q, k_pool, v_pool):
+                return paged_attention_flash_decode(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
+            return flash_decode, "paged_attention.paged_attention_flash_decode"
         tiles = batch.prefill_tiles
 
         def tiled(q, k_pool, v_pool):

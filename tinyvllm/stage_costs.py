@@ -30,7 +30,8 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     q|k|v projection and the K/V write, attn_residual and output each a residual add + RMSNorm; k, v, post_norm and
     final_norm launch nothing (input_norm launches only in layer 0). With `fused` (the fused-GEMV layer,
     ModelRunner._fused_layers): input_norm and post_norm are RMSNorm + the projection that reads it (the
-    normed rows written once more; post_norm also the SwiGLU gate), q is rope alone, o_proj and mlp (down_proj
+    normed rows written once more; input_norm also RoPE and the K/V write, writing q, k and v where the
+    projection wrote q|k|v; post_norm also the SwiGLU gate), q launches nothing, o_proj and mlp (down_proj
     alone) end in the residual add, attn_residual and output launch nothing, final_norm is a plain RMSNorm."""
     c = config
     T, H, I, V = batch.num_tokens, c.hidden_size, c.intermediate_size, c.vocab_size
@@ -50,7 +51,7 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     kv_bytes = sum(context.values()) * kv_width * 2 * F32
     visible_keys = int(np.sum(batch.positions.astype(np.int64) + 1))
     attention = StageCost(kv_bytes + T * 2 * q_width * F32, 4 * visible_keys * q_width)  # q in, output out
-    kv_write = StageCost(T * 2 * kv_width * F32, 0)  # rope_qkv stores each token's k and v in the pool
+    kv_write = StageCost(T * 2 * kv_width * F32, 0)  # each token's k and v stored in the pool
     qkv = linear(T, H, q_width + 2 * kv_width)
     mlp = linear(T, H, 2 * I)
     down = linear(T, I, H)
@@ -66,8 +67,7 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     if fused:
         residual_add = StageCost(2 * T * H * F32, T * H)  # reads the residual, writes the sum
         costs.update({
-            "input_norm": _plus(qkv, norm(T)),
-            "q": _plus(StageCost(2 * T * (q_width + 2 * kv_width) * F32, 0), kv_write),  # rope alone
+            "input_norm": _plus(_plus(qkv, norm(T)), kv_write), "q": none,  # RoPE and the K/V write fused behind
             "o_proj": _plus(costs["o_proj"], residual_add), "attn_residual": none,
             # gate|up with the norm in front and silu(gate) * up behind: writes T x I, not T x 2I
             "post_norm": StageCost(mlp.bytes - T * I * F32 + norm(T).bytes, mlp.flops + 4 * T * I + norm(T).flops),
