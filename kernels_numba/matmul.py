@@ -76,9 +76,16 @@ TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no
 # with 64 (the LM head reads at 4.1 TB/s with 2 or 4, docs/bench/h200-sweep-gemv.log). coalesced_threads
 # picks the block size from the row-group count: the widest of 64, 128, 256 threads that keeps the grid
 # within COALESCED_GRID_THREADS threads.
+# Round 5 (docs/bench/h200-round5-sweep_gemv_fused.log): the norm-fused launches (more work per weight word:
+# the sum of squares and the gains) want more rows a block: 128 threads x 8 rows, norm + gate|up + SwiGLU
+# 25.4 -> 21.8 us with 1 load in flight per row, norm + q|k|v + RoPE 8.6 -> 7.6 us with 2 (64 x 4 rows x 4
+# loads before); the residual-fused ones keep the plain kernel's shape (256 x 4 x 2 best).
 COALESCED_ROWS = 4
 COALESCED_UNROLL = 2
-COALESCED_UNROLL_NORM = 4  # gemv_rmsnorm's loads in flight (64-thread blocks), see _launch_gemv_coalesced
+NORM_THREADS = 4 if SIMULATOR else 128
+NORM_ROWS = 8
+NORM_UNROLL = 2
+NORM_UNROLL_SWIGLU = 1
 COALESCED_GRID_THREADS = 128 * 1024
 COALESCED_PASS_TOKENS = 4          # tokens per pass once there are more than 2
 COALESCED_ROWS_MANY_TOKENS = 8
@@ -511,7 +518,7 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     return out
 
 
-def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=False, threads=None, unroll=None,
+def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=False, threads=None, unroll=None, rows=None,
                  warp_reduce=None):
     """out = rmsnorm(h) @ W.T in one gemv_coalesced launch (RMSNorm with bf16 gains norm_weight [K] fused in
     front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it.
@@ -519,14 +526,14 @@ def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=Fals
     assert not swiglu or w_bits.shape[0] % 2 == 0, f"swiglu needs [Wg; Wu] stacked, got {w_bits.shape[0]} rows"
     out = _check_shapes(h, w_bits, out, w_bits.shape[0] // 2 if swiglu else None)
     normed = _check_normed(h, norm_weight, normed)
-    _launch_gemv_coalesced(h, w_bits, out, threads, unroll=unroll, norm_weight=norm_weight, eps=eps, normed=normed,
+    _launch_gemv_coalesced(h, w_bits, out, threads, rows, unroll, norm_weight=norm_weight, eps=eps, normed=normed,
                            swiglu=swiglu, warp_reduce=warp_reduce)
     return out, normed
 
 
 def gemv_rmsnorm_rope(h, norm_weight, eps, w_bits, positions, inv_freq, n_heads, n_kv_heads, head_dim, kv_pools,
                       slot_mapping, q_out=None, k_out=None, v_out=None, normed=None, threads=None, unroll=None,
-                      warp_reduce=None):
+                      warp_reduce=None, rows=None):
     """rope_qkv(rmsnorm(h) @ W.T) with W = [Wq; Wk; Wv] in one gemv_coalesced launch: the RMSNorm in front as
     gemv_rmsnorm, RoPE and the K/V write behind as rope.rope_qkv with kv_pools = (k_pool, v_pool) ([num_blocks,
     block_size, n_kv_heads, head_dim]): k and v also stored at each token's slot_mapping slot (-1: nothing).
@@ -549,19 +556,20 @@ def gemv_rmsnorm_rope(h, norm_weight, eps, w_bits, positions, inv_freq, n_heads,
     v = device_empty(kv_shape, np.float32) if v_out is None else v_out
     assert q.shape == q_shape and k.shape == kv_shape and v.shape == kv_shape, (q.shape, k.shape, v.shape)
     normed = _check_normed(h, norm_weight, normed)
-    _launch_gemv_coalesced(h, w_bits, normed, threads, unroll=unroll, norm_weight=norm_weight, eps=eps,  # out: unused
+    _launch_gemv_coalesced(h, w_bits, normed, threads, rows, unroll, norm_weight=norm_weight, eps=eps,  # out: unused
                            normed=normed, rope_head_dim=head_dim,
                            rope_operands=(positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping),
                            warp_reduce=warp_reduce)
     return q, k, v, normed
 
 
-def gemv_residual(x, w_bits, residual, out=None, residual_out=None, threads=None, unroll=None, warp_reduce=None):
+def gemv_residual(x, w_bits, residual, out=None, residual_out=None, threads=None, unroll=None, warp_reduce=None,
+                  rows=None):
     """out = x @ W.T and residual_out = out + residual in one gemv_coalesced launch; returns both."""
     out = _check_shapes(x, w_bits, out)
     residual_out = device_empty(out.shape, np.float32) if residual_out is None else residual_out
     assert residual.shape == out.shape == residual_out.shape, (residual.shape, out.shape, residual_out.shape)
-    _launch_gemv_coalesced(x, w_bits, out, threads, unroll=unroll, residual=residual, residual_out=residual_out,
+    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, residual=residual, residual_out=residual_out,
                            warp_reduce=warp_reduce)
     return out, residual_out
 
@@ -597,18 +605,20 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     assert in_features % word_elements == 0, (
         f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
     chunk = num_tokens if num_tokens <= 2 else COALESCED_PASS_TOKENS
+    norm, few = norm_weight is not None, chunk <= 2  # launch shapes: see COALESCED_ROWS and NORM_THREADS
     if rows is None:
-        rows = COALESCED_ROWS if chunk <= 2 else COALESCED_ROWS_MANY_TOKENS
+        rows = (NORM_ROWS if norm else COALESCED_ROWS) if few else COALESCED_ROWS_MANY_TOKENS
     outputs_per_block = rows // 2 if paired else rows
-    # The norm-fused kernel (~96 registers) keeps the configuration it was measured fastest in: norm + q|k|v
-    # 10.9 us a layer at 64 threads x 4 loads, 13.2 at 128 x 2 (docs/bench/h200-round4a-profile_decode.log,
-    # h200-round4-final-profile_decode.log); the plain one takes the sweep's choice.
-    norm = norm_weight is not None
     if threads is None:
-        wide = chunk <= 2 and not norm
-        threads = coalesced_threads(cdiv(out_features, outputs_per_block)) if wide else COALESCED_THREADS
+        if not few:
+            threads = COALESCED_THREADS
+        else:
+            threads = NORM_THREADS if norm else coalesced_threads(cdiv(out_features, outputs_per_block))
     if unroll is None:
-        unroll = COALESCED_UNROLL_MANY_TOKENS if chunk > 2 else (COALESCED_UNROLL_NORM if norm else COALESCED_UNROLL)
+        if not few:
+            unroll = COALESCED_UNROLL_MANY_TOKENS
+        else:
+            unroll = (NORM_UNROLL_SWIGLU if swiglu else NORM_UNROLL) if norm else COALESCED_UNROLL
     if warp_reduce is None:
         warp_reduce = WARP_REDUCE and chunk <= WARP_REDUCE_MAX_CHUNK
     assert 0 < threads <= 1024 and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"

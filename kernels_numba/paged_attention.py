@@ -114,9 +114,10 @@ GQA_FEW_BLOCKS = 2 * 132
 # flash_decode (decode_gqa split over key partitions), for decode batches under DECODE_GQA_MIN_BLOCKS
 # (query, KV head) pairs. 64-key partitions: a 400-key context gets 7 per (query, KV head), 56 blocks at batch 1
 # instead of decode_gqa's 8; one 64-key chunk each, so a block issues all its K/V loads at once (decode_gqa's
-# fastest chunk while its grid is small, above). The simulator: 16-key partitions of two 8-key chunks, so its
-# 33-key tests cross 3 partitions and chunks within them.
-FLASH_DECODE_THREADS = 4 if SIMULATOR else 128
+# fastest chunk while its grid is small, above). 256 threads: batch 1, 128 / 384 keys, 11.0 -> 9.9 / 12.5 -> 11.4
+# us against 128 (graph-timed sweep, docs/bench/h200-round5-sweep_decode_attention.log; ptxas: 126 registers).
+# The simulator: 16-key partitions of two 8-key chunks, so its 33-key tests cross 3 partitions and chunks.
+FLASH_DECODE_THREADS = 4 if SIMULATOR else 256
 FLASH_DECODE_PARTITION_KEYS = 16 if SIMULATOR else 64
 FLASH_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64
 # prefill_gqa tile sizes (upper bounds: gqa_shape shrinks the tiles to fit the shared memory). A simulated

@@ -44,6 +44,11 @@ NO_INDEX = np.int32(2**31 - 1)  # loses every tie, so a thread that saw no eleme
 # A simulated syncthreads waits for every thread of the block to be scheduled (~2.5 ms per thread per
 # barrier), so the simulator gets tiny blocks: 4 threads still run the tree reduction, 15x faster than 32.
 DEFAULT_THREADS = 4 if SIMULATOR else 256
+# argmax runs a block per row: at batch 1 that is one block on one SM for the whole 128256-logit row, and
+# its loop waits on each load in turn, so it gets the widest block (126 logits a thread instead of 501)
+# while the rows alone fill fewer than 2 blocks per SM of an H200.
+ARGMAX_WIDE_THREADS = 4 if SIMULATOR else MAX_THREADS
+ARGMAX_WIDE_BELOW_ROWS = 2 * 132
 
 
 @jit(device=True)
@@ -91,9 +96,10 @@ def argmax_kernel(logits, out):
 
 def argmax(logits, out=None, threads=None):
     """logits float32 [B, V] -> int32 [B] (device arrays)."""
-    threads = DEFAULT_THREADS if threads is None else threads
-    assert 0 < threads <= MAX_THREADS and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     n_rows, vocab = logits.shape
+    if threads is None:
+        threads = ARGMAX_WIDE_THREADS if n_rows < ARGMAX_WIDE_BELOW_ROWS else DEFAULT_THREADS
+    assert 0 < threads <= MAX_THREADS and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     assert vocab > 0, "argmax of an empty row"
     out = device_empty((n_rows,), np.int32) if out is None else out
     assert out.shape == (n_rows,), (out.shape, n_rows)

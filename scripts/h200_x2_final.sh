@@ -19,8 +19,8 @@ python3 -c "from pathlib import Path; from tinyvllm.bench import prepare_random_
   echo "hf bench rc=$?" >> "$OUT/gpu1_status.log"
 ) &
 export CUDA_VISIBLE_DEVICES=0
-TINYVLLM_TEST_GPU=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_matmul.py tests/test_paged_attention.py \
-  tests/test_cuda_graphs.py > "$OUT/gpu_tests.log" 2>&1
+TINYVLLM_TEST_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_matmul.py tests/test_paged_attention.py \
+  tests/test_rope.py tests/test_embedding.py tests/test_cuda_graphs.py > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed" "$OUT/gpu_tests.log" | tail -3
 timeout 90 python3 scripts/profile_decode.py --steps 10 --batches 1,64,256 > "$OUT/profile_decode.log" 2>&1
 echo "profile rc=$?"; grep -E "decode step|captured" "$OUT/profile_decode.log"

@@ -28,9 +28,10 @@ SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048),
           "lm_head": (128256, 2048)}
 VARIANTS = [(threads, rows, unroll, word) for threads, rows, unroll, word in itertools.product(
     (64, 128, 256), (1, 2, 4), (2, 4, 8), (2, 4)) if rows * unroll * word <= 64]
-# The fused launchers keep 4 rows a block (2 pairs with SwiGLU or RoPE) and 4 bf16 a load: block size x loads
-# in flight.
-FUSED_VARIANTS = [(threads, None, unroll, None) for threads, unroll in itertools.product((64, 128, 256), (1, 2, 4))]
+# The fused launchers read 4 bf16 a load: block size x rows a block (4 or 8: 2 or 4 pairs with SwiGLU or RoPE)
+# x loads in flight.
+FUSED_VARIANTS = [(threads, rows, unroll, None) for threads, rows, unroll in itertools.product(
+    (64, 128, 256), (4, 8), (1, 2, 4)) if rows * unroll <= 16]
 DEFAULT_VARIANT = (None, None, None, None)  # what the launcher picks
 KINDS = {"qkv": ("plain", "norm", "norm_rope", "norm_then_rope_qkv"), "o_proj": ("plain", "residual"),
          "gate_up": ("plain", "norm_swiglu"), "down": ("plain", "residual"), "lm_head": ("plain",)}
@@ -63,16 +64,18 @@ def make_launch(kind: str, tokens: int, n: int, k: int, rng):
             gemv_coalesced(x, w, out, threads=threads, rows=rows, unroll=unroll, word_elements=word,
                            warp_reduce=warp_reduce)
         elif kind == "residual":
-            gemv_residual(x, w, residual, out, residual_out, threads=threads, unroll=unroll, warp_reduce=warp_reduce)
+            gemv_residual(x, w, residual, out, residual_out, threads=threads, unroll=unroll, warp_reduce=warp_reduce,
+                          rows=rows)
         elif kind in ("norm", "norm_swiglu", "norm_then_rope_qkv"):
             gemv_rmsnorm(x, gains, 1e-5, w, out, normed, swiglu=kind == "norm_swiglu", threads=threads,
-                         unroll=unroll, warp_reduce=warp_reduce)
+                         unroll=unroll, warp_reduce=warp_reduce, rows=rows)
             if kind == "norm_then_rope_qkv":
                 rope_qkv(out, positions, inv_freq, N_HEADS, N_KV_HEADS, HEAD_DIM, *qkv_out, kv_pools=pools,
                          slot_mapping=slots)
         elif kind == "norm_rope":
             gemv_rmsnorm_rope(x, gains, 1e-5, w, positions, inv_freq, N_HEADS, N_KV_HEADS, HEAD_DIM, pools, slots,
-                              *qkv_out, normed, threads=threads, unroll=unroll, warp_reduce=warp_reduce)
+                              *qkv_out, normed, threads=threads, unroll=unroll, warp_reduce=warp_reduce,
+                              rows=rows)
         else:
             raise ValueError(f"unknown kind {kind!r}; known: {sorted({k for ks in KINDS.values() for k in ks})}")
     return launch
