@@ -2,7 +2,10 @@
 
 Writes a model directory of seeded random BF16 weights (tinyvllm.random_model), runs HF transformers
 (float32 compute on the same bf16 weights, same GPU) to capture every stage and a greedy continuation,
-then drives tinyvllm's stepping forward pass over the same prompts and compares.
+then drives tinyvllm's stepping forward pass over the same prompts and compares, three ways: the prompts
+prefilled in one step, each prompt prefilled alone, and each prompt's first decode step (one token at
+position len(prompt), against HF's stages over the prompt and its first greedy token): the step that batch-1
+generation runs, with the decode kernels (flash_decode attention, the one-token fused GEMVs).
 
     python scripts/gpu_compare.py [--model-dir /tmp/llama-1b-random] [--new-tokens 32] [--out DIR]
 """
@@ -64,6 +67,9 @@ def main() -> int:
     hf_stages = timed("HF capture stages", lambda: [capture_stages(hf, ids) for ids in prompt_ids])
     hf_greedy = timed(f"HF greedy {args.new_tokens} tokens x {len(PROMPTS)}",
                       lambda: [greedy_continuation(hf, ids, args.new_tokens) for ids in prompt_ids])
+    decode_ids = [ids + [int(greedy[0])] for ids, greedy in zip(prompt_ids, hf_greedy)]
+    hf_decode_stages = timed("HF capture stages over prompt + first token",
+                             lambda: [capture_stages(hf, ids) for ids in decode_ids])
     del hf
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -87,16 +93,21 @@ def main() -> int:
     # (ModelRunner._fused_layers, what decode steps run) stage by stage; all together they are 74 tokens.
     alone = timed("tinyvllm check: each prompt in its own step", lambda: [check_goldens(
         engine, Goldens(goldens.path, goldens.meta, [prompt]), rtol=rtol) for prompt in goldens.prompts])
+    decode_goldens = Goldens(goldens.path, goldens.meta, [{"input_ids": np.array(ids, np.int32), **stages}
+                                                           for ids, stages in zip(decode_ids, hf_decode_stages)])
+    decode = timed("tinyvllm check: each prompt's first decode step", lambda: check_first_decode_step(
+        engine, decode_goldens, rtol))
     passes = [("all in one step", [[r for r in report.stages if r.prompt == p] for p in range(len(PROMPTS))],
                report.greedy),
-              ("alone", [one.stages for one in alone], [one.greedy[0] for one in alone])]
+              ("alone", [one.stages for one in alone], [one.greedy[0] for one in alone]),
+              ("decode step", [stages for stages, _ in decode], [first for _, first in decode])]
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (simulator dry run)"
     lines = [f"# tinyvllm vs HF transformers on {device}",
              "", f"Model: seeded random BF16 weights of the exact Llama-3.2-1B shape ({model_dir}); "
              f"HF transformers {__import__('transformers').__version__} float32 on the same bf16 weights; "
              f"torch {torch.__version__}.", f"Stage passes when max|ours-HF|/max|HF| <= {rtol:g}.", "",
-             "| prefill | prompt | tokens | first-step layer | stages passed | worst stage | worst rel err | "
+             "| step | prompt | tokens | step's layer | stages passed | worst stage | worst rel err | "
              "logits rel err | greedy agree |", "|---|---|---|---|---|---|---|---|---|"]
     all_ok = True
     summary = []
@@ -106,14 +117,14 @@ def main() -> int:
             worst = max(stages, key=lambda s: s.max_rel)
             logits = next(s for s in stages if s.stage == "logits")
             agree = greedy.agreeing_prefix
-            step_tokens = len(prompt_ids[p]) if mode == "alone" else sum(map(len, prompt_ids))
+            step_tokens = {"alone": len(prompt_ids[p]), "decode step": 1}.get(mode, sum(map(len, prompt_ids)))
             layer = "fused-GEMV" if engine.runner.fuses_norms(step_tokens) else "add_rmsnorm"
-            all_ok &= passed == len(stages) and agree == len(golden_ids)
+            all_ok &= passed == len(stages) and agree == len(greedy.golden)
             lines.append(f"| {mode} | {p} | {len(prompt_ids[p])} | {layer} | {passed}/{len(stages)} | {worst.stage} | "
-                         f"{worst.max_rel:.2e} | {logits.max_rel:.2e} | {agree}/{len(golden_ids)} |")
+                         f"{worst.max_rel:.2e} | {logits.max_rel:.2e} | {agree}/{len(greedy.golden)} |")
             summary.append({"prefill": mode, "prompt": p, "prompt_tokens": len(prompt_ids[p]), "layer": layer,
                             "stages_passed": passed, "stages": len(stages), "greedy_agree": agree,
-                            "greedy_total": len(golden_ids),
+                            "greedy_total": len(greedy.golden),
                             "per_stage": [{"stage": s.stage, "max_abs": s.max_abs, "max_rel": s.max_rel}
                                           for s in stages]})
     lines += ["", "Wall time (s): " + ", ".join(f"{k}: {v:.1f}" for k, v in timings.items()), "",
@@ -123,6 +134,37 @@ def main() -> int:
     (out / "gpu_compare.md").write_text(report + "\n")
     (out / "gpu_compare.json").write_text(json.dumps({"summary": summary, "timings": timings}, indent=1))
     return 0 if all_ok else 1
+
+
+def check_first_decode_step(engine, goldens, rtol: float) -> list[tuple[list, object]]:
+    """Per golden prompt (input_ids = prompt + HF's first greedy token): prefill the prompt alone, then step
+    the decode step of that token stage by stage and compare its one row of each stage with the golden's
+    last position. Returns (stage results, GreedyResult of the first token) per prompt; a first token that
+    differs from HF's makes the decode comparison moot, and fails it."""
+    from tinyvllm.golden_check import GreedyResult, compare_scheduled_rows
+    from tinyvllm.sampling_params import SamplingParams
+    results = []
+    for p, golden in enumerate(goldens.prompts):
+        ids = golden["input_ids"].tolist()
+        request_id = engine.add_request(ids[:-1], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+        while not engine.request(request_id).seq.output_token_ids:
+            engine.step()
+        first = GreedyResult(p, ids[-1:], engine.request(request_id).seq.output_token_ids[:1])
+        stages = engine.step_stages(all_logits=True)
+        compared = []
+        try:
+            while True:
+                stage = next(stages)
+                assert [s.num_new_tokens for s in engine.last_schedule.scheduled] == [1], "not a lone decode step"
+                for result in compare_scheduled_rows(engine, stage, goldens, {request_id: p}, rtol):
+                    result.passed &= first.passed  # another first token: the rows had different inputs
+                    compared.append(result)
+        except StopIteration:
+            pass
+        while engine.has_unfinished_requests():
+            engine.step()
+        results.append((compared, first))
+    return results
 
 
 if __name__ == "__main__":
