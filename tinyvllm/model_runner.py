@@ -11,10 +11,10 @@ Per layer (HF LlamaDecoderLayer):
 Launched as 9 kernels per layer (prefill, and everything in the simulator): q|k|v as one projection then
 one rope kernel that splits it and writes K/V into the paged pool, attention, o_proj, a residual add fused
 with the next RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm). Steps whose
-projections gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 6
-kernels): each RMSNorm inside the GEMV that reads it (gemv_rmsnorm), the SwiGLU gate behind gate|up, each
-residual add inside the GEMV that feeds it (gemv_residual); at batch 1 the two add_rmsnorm launches cost
-~9 us each, as much as a 12 MB projection.
+projections gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 5
+kernels): each RMSNorm inside the GEMV that reads it (gemv_rmsnorm, gemv_rmsnorm_rope), RoPE and the K/V
+write behind q|k|v, the SwiGLU gate behind gate|up, each residual add inside the GEMV that feeds it
+(gemv_residual); at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
 Every stage keeps its name and output in both; a stage whose output a fused kernel already produced
 launches nothing and says which stage computed it. CUDA graphs (tinyvllm/cuda_graphs.py) record this same
 generator for decode steps.
