@@ -43,7 +43,7 @@ import ml_dtypes
 from .bf16 import bf16_to_f32
 from .activation import silu
 from .rmsnorm import row_scale
-from .rope import rotate_pair
+from .rope import store_qkv_pair
 from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, SHARED_ALIGN, SHARED_ROW_PAD,
                      launch_stream, device_empty)
 
@@ -326,34 +326,11 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
 @jit(device=True)
 def _store_rope_pair(x1, x2, pair, token, rope_half, rope_operands):
     """rope_qkv's work for one (token, pair) of the q|k|v projection: pair = head * head_dim / 2 + d over the
-    q heads, then the k heads, then the v heads; q and k pairs rotate, k and v also go to the token's pool
-    slot (-1: padding, nothing stored). Same float32 operations as rope_qkv_kernel."""
+    q heads, then the k heads, then the v heads (rope.store_qkv_pair: the same stores, the same bits)."""
     positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping = rope_operands
-    n_heads, n_kv_heads = q.shape[1], k.shape[1]
-    block_size = k_pool.shape[1]
     head = pair // rope_half
-    d = pair - head * rope_half
-    if head < n_heads + n_kv_heads:
-        x1, x2 = rotate_pair(x1, x2, positions[token], inv_freq[d])
-    if head < n_heads:
-        q[token, head, d] = x1
-        q[token, head, d + rope_half] = x2
-    else:
-        slot = slot_mapping[token]
-        if head < n_heads + n_kv_heads:
-            kv_head = head - n_heads
-            k[token, kv_head, d] = x1
-            k[token, kv_head, d + rope_half] = x2
-            if slot >= 0:
-                k_pool[slot // block_size, slot % block_size, kv_head, d] = x1
-                k_pool[slot // block_size, slot % block_size, kv_head, d + rope_half] = x2
-        else:
-            kv_head = head - n_heads - n_kv_heads
-            v[token, kv_head, d] = x1
-            v[token, kv_head, d + rope_half] = x2
-            if slot >= 0:
-                v_pool[slot // block_size, slot % block_size, kv_head, d] = x1
-                v_pool[slot // block_size, slot % block_size, kv_head, d + rope_half] = x2
+    store_qkv_pair(x1, x2, token, head, pair - head * rope_half, slot_mapping[token], positions, inv_freq,
+                   q, k, v, k_pool, v_pool)
 
 
 @jit

@@ -96,6 +96,34 @@ def rope_kernel(x, positions, inv_freq, out):
         out[t, head, i + half] = y2
 
 
+@jit(device=True)
+def store_qkv_pair(x1, x2, t, head, i, slot, positions, inv_freq, q, k, v, k_pool, v_pool):
+    """Put one pair (x[i], x[i + head_dim / 2]) of token t's q|k|v head `head` (q heads, then k, then v)
+    where rope_qkv puts it: q and k pairs rotated, k and v pairs also at pool slot `slot` (-1: not stored).
+    rope_qkv's kernel and matmul's RoPE-fused GEMV share it, so both store the same bits."""
+    n_heads, n_kv_heads, half = q.shape[1], k.shape[1], q.shape[2] // 2
+    block_size = k_pool.shape[1]
+    if head < n_heads + n_kv_heads:
+        x1, x2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
+    if head < n_heads:
+        q[t, head, i] = x1
+        q[t, head, i + half] = x2
+    elif head < n_heads + n_kv_heads:
+        kv_head = head - n_heads
+        k[t, kv_head, i] = x1
+        k[t, kv_head, i + half] = x2
+        if slot >= 0:
+            k_pool[slot // block_size, slot % block_size, kv_head, i] = x1
+            k_pool[slot // block_size, slot % block_size, kv_head, i + half] = x2
+    else:
+        kv_head = head - n_heads - n_kv_heads
+        v[t, kv_head, i] = x1
+        v[t, kv_head, i + half] = x2
+        if slot >= 0:
+            v_pool[slot // block_size, slot % block_size, kv_head, i] = x1
+            v_pool[slot // block_size, slot % block_size, kv_head, i + half] = x2
+
+
 def _rope_qkv_kernel(write_pool: bool):
     """rope_qkv's kernel; with `write_pool` (a closure constant: the other branch is compiled out) it also
     stores each token's rotated k and its v at the token's slot of the paged KV pools (slot -1: padding,
@@ -104,11 +132,9 @@ def _rope_qkv_kernel(write_pool: bool):
     @jit
     def kernel(qkv, positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping):
         n_tokens = qkv.shape[0]
-        n_heads, head_dim = q.shape[1], q.shape[2]
-        n_kv_heads = k.shape[1]
-        n_all_heads = n_heads + 2 * n_kv_heads
+        head_dim = q.shape[2]
+        n_all_heads = q.shape[1] + 2 * k.shape[1]
         half = head_dim // 2
-        block_size = k_pool.shape[1]
         for idx in range(cuda.grid(1), n_tokens * n_all_heads * half, cuda.gridsize(1)):
             i = idx % half
             head = (idx // half) % n_all_heads  # q heads, then k heads, then v heads
@@ -116,25 +142,7 @@ def _rope_qkv_kernel(write_pool: bool):
             x1 = qkv[t, head * head_dim + i]
             x2 = qkv[t, head * head_dim + i + half]
             slot = slot_mapping[t] if write_pool else -1
-            if head < n_heads:
-                y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
-                q[t, head, i] = y1
-                q[t, head, i + half] = y2
-            elif head < n_heads + n_kv_heads:
-                y1, y2 = rotate_pair(x1, x2, positions[t], inv_freq[i])
-                kv_head = head - n_heads
-                k[t, kv_head, i] = y1
-                k[t, kv_head, i + half] = y2
-                if slot >= 0:
-                    k_pool[slot // block_size, slot % block_size, kv_head, i] = y1
-                    k_pool[slot // block_size, slot % block_size, kv_head, i + half] = y2
-            else:
-                kv_head = head - n_heads - n_kv_heads
-                v[t, kv_head, i] = x1
-                v[t, kv_head, i + half] = x2
-                if slot >= 0:
-                    v_pool[slot // block_size, slot % block_size, kv_head, i] = x1
-                    v_pool[slot // block_size, slot % block_size, kv_head, i + half] = x2
+            store_qkv_pair(x1, x2, t, head, i, slot, positions, inv_freq, q, k, v, k_pool, v_pool)
 
     return kernel
 
