@@ -565,14 +565,7 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
                                 sums[s, i] += weight
             cuda.syncthreads()  # nobody overwrites the tiles, scores or weights while another thread reads them
 
-        if not partitioned:
-            for s in range(out_steps):
-                item = tid + s * threads
-                head_set = item // head_dim
-                if head_set < head_sets:
-                    for i in range(heads_per_item):
-                        out[t, first_head + head_set * heads_per_item + i, item % head_dim] = acc[s, i] / sums[s, i]
-        else:
+        if partitioned:
             # This partition's unnormalised state: m and l per head, acc per (head, dim)...
             partition = cuda.blockIdx.z
             for s in range(out_steps):
@@ -595,36 +588,38 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
                 merging[0] = cuda.atomic.add(arrivals, (t, kv_head), 1) == partitions - 1
                 cuda.threadfence()  # the other blocks' writes, published before they checked in, are seen
             cuda.syncthreads()
-            if merging[0]:
-                # acc and sums now hold the merged state of the thread's (head, dim) items; running max in
-                # merged_max. Partitions in order, so the result is the same whichever block merges.
-                for s in range(out_steps):
-                    for i in range(heads_per_item):
-                        merged_max[s, i] = np.float32(-math.inf)
-                        acc[s, i] = np.float32(0.0)
-                        sums[s, i] = np.float32(0.0)
-                for p in range(partitions):
-                    for s in range(out_steps):
-                        item = tid + s * threads
-                        head_set = item // head_dim
-                        if head_set < head_sets:
-                            for i in range(heads_per_item):
-                                h = first_head + head_set * heads_per_item + i
-                                m = part_max[t, h, p]
-                                new_max = max(merged_max[s, i], m)  # finite: every partition merged has keys
-                                old_weight = np.float32(math.exp(merged_max[s, i] - new_max))  # 0 for partition 0
-                                weight = np.float32(math.exp(m - new_max))
-                                sums[s, i] = sums[s, i] * old_weight + part_sum[t, h, p] * weight
-                                acc[s, i] = acc[s, i] * old_weight + part_acc[t, h, p, item % head_dim] * weight
-                                merged_max[s, i] = new_max
+            if not merging[0]:
+                return  # another block of this (query, KV head) arrives later and merges
+            if tid == 0:
+                arrivals[t, kv_head] = 0  # every partition has arrived: ready for the next launch (graph replays)
+            # acc and sums become the merged state of the thread's (head, dim) items; running max in merged_max.
+            # Partitions in order, so the result is the same whichever block merges.
+            for s in range(out_steps):
+                for i in range(heads_per_item):
+                    merged_max[s, i] = np.float32(-math.inf)
+                    acc[s, i] = np.float32(0.0)
+                    sums[s, i] = np.float32(0.0)
+            for p in range(partitions):
                 for s in range(out_steps):
                     item = tid + s * threads
                     head_set = item // head_dim
                     if head_set < head_sets:
                         for i in range(heads_per_item):
-                            out[t, first_head + head_set * heads_per_item + i, item % head_dim] = acc[s, i] / sums[s, i]
-                if tid == 0:
-                    arrivals[t, kv_head] = 0  # ready for the next launch: a CUDA graph replays this one as is
+                            h = first_head + head_set * heads_per_item + i
+                            m = part_max[t, h, p]
+                            new_max = max(merged_max[s, i], m)  # finite: every partition merged has keys
+                            old_weight = np.float32(math.exp(merged_max[s, i] - new_max))  # 0 for partition 0
+                            weight = np.float32(math.exp(m - new_max))
+                            sums[s, i] = sums[s, i] * old_weight + part_sum[t, h, p] * weight
+                            acc[s, i] = acc[s, i] * old_weight + part_acc[t, h, p, item % head_dim] * weight
+                            merged_max[s, i] = new_max
+        # out = acc / l for the thread's (head, dim) items (merged over the partitions by flash_decode's merger)
+        for s in range(out_steps):
+            item = tid + s * threads
+            head_set = item // head_dim
+            if head_set < head_sets:
+                for i in range(heads_per_item):
+                    out[t, first_head + head_set * heads_per_item + i, item % head_dim] = acc[s, i] / sums[s, i]
 
     return kernel
 

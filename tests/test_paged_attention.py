@@ -252,11 +252,14 @@ def test_stable_when_every_naive_exp_overflows_or_underflows(rng, scenario, kern
     assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
 
 
-# Decode on every layout (lengths 1 and 6 leave threads without keys); chunked and shared_prefix give several
-# queries per sequence at different positions, in shuffled order.
-@pytest.mark.parametrize("scenario, layout", [
-    ("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
-    ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])])
+# The decode kernels' cases (split_keys, decode_gqa, flash_decode): decode on every layout (lengths 1 and 6 leave
+# threads without keys); chunked and shared_prefix give several queries per sequence at different positions, in
+# shuffled order.
+DECODE_CASES = [("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
+                ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])]
+
+
+@pytest.mark.parametrize("scenario, layout", DECODE_CASES)
 def test_split_keys_kernel_matches_ref(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="split_keys")
 
@@ -301,9 +304,7 @@ def test_split_keys_long_chunks_and_wide_heads(rng, monkeypatch):
 # paged_attention_decode_gqa: group ratios 1, 2, 3 and 3 (LAYOUTS), so a block serves 1 to 3 query heads (one
 # head per score/output item for odd groups, two for even ones); in the simulator 4 threads per block and chunks of
 # 8 keys.
-@pytest.mark.parametrize("scenario, layout", [
-    ("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
-    ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])])
+@pytest.mark.parametrize("scenario, layout", DECODE_CASES)
 def test_decode_gqa_kernel_matches_ref(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="decode_gqa")
 
@@ -323,9 +324,7 @@ def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_ch
 # In the simulator 16-key partitions of two 8-key chunks on 4 threads: the decode contexts (1, 6, 16, 21 and 33
 # keys, one sequence each) are shorter than a partition, exactly one, and 2 and 3 partitions with a partial last
 # one; the block tables end in a -1 block, so the grid has a partition past every context.
-@pytest.mark.parametrize("scenario, layout", [
-    ("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
-    ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])])
+@pytest.mark.parametrize("scenario, layout", DECODE_CASES)
 def test_flash_decode_kernel_matches_ref(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="flash_decode")
 
