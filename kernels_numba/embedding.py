@@ -7,7 +7,7 @@ grid; item i is (row i // H, column i % H), so consecutive threads read consecut
 The engine validates ids on the host; the kernels only guard against reading out of bounds and write
 NaN for a row whose index is outside the table, so a bad id shows up instead of reading a neighbour.
 One exception: with `fed_back`, a negative id (FED_BACK) means "the token this row's sequence sampled in the
-previous step, still on the device": ids[t] < 0 reads fed_back[t] instead. A pipelined decode step (the
+previous step, still on the device": ids[t] == FED_BACK reads fed_back[t] instead. A pipelined decode step (the
 engine launches step n + 1 before reading step n's greedy tokens back) embeds its tokens this way.
 """
 import math
