@@ -9,6 +9,7 @@ from kernels_numba import sampling
 # The hash and key helpers are device functions; their host versions run the same arithmetic on numpy.
 mix32, order_key, stream_key = (host_version(f) for f in (sampling.mix32, sampling.order_key, sampling.stream_key))
 from tests.helpers import poisoned
+from tests.references import require
 
 VOCAB = 301
 
@@ -52,7 +53,7 @@ def test_argmax_row_shorter_than_block(rng):
 
 
 def test_argmax_matches_torch(rng):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     logits = _tricky_rows(rng)
     got = argmax(cuda.to_device(logits)).copy_to_host()
     np.testing.assert_array_equal(got, torch.argmax(torch.from_numpy(logits), dim=-1).numpy())
@@ -191,8 +192,8 @@ def test_draws_follow_softmax_of_survivors(temperature, top_k, top_p, n_kernel):
 
 
 def test_keep_mask_matches_transformers_warpers(rng):
-    torch = pytest.importorskip("torch")
-    logits_process = pytest.importorskip("transformers.generation.logits_process")
+    torch = require("torch")
+    logits_process = require("transformers.generation.logits_process")
     logits = (3 * rng.standard_normal((6, 211))).astype(np.float32)
     for row, (temperature, top_k, top_p) in enumerate([(1.0, 50, 1.0), (0.7, 0, 0.9), (1.3, 30, 0.8),
                                                        (2.0, 5, 0.5), (0.5, 0, 0.3), (1.0, 100, 0.99)]):
