@@ -15,6 +15,7 @@ from tinyvllm import bench
 from tinyvllm.bench import BenchConfig, Workloads
 from tinyvllm.cli import _parser, main
 from tinyvllm.demo import DEMO_MODEL_DIR
+from tests.references import require
 
 # 3 requests of 4-8 prompt tokens and 2-3 new tokens: the simulator does about one engine step a second.
 TINY = ["--latency-prompt", "4", "--latency-new-tokens", "2", "--prefill-lens", "3,6", "--prefill-repeats", "1",
@@ -193,7 +194,7 @@ def test_compare_hf_without_a_gpu_says_it_needs_one_before_any_work(capsys):
 
 
 def test_compare_hf_dry_run_on_cpu_puts_hf_beside_tinyvllm(capsys, tmp_path):
-    pytest.importorskip("transformers")
+    require("transformers")
     code, out, err = run(capsys, *TINY, "--workload", "latency,throughput", "--batching", "static", "--no-warmup",
                          "--compare", "hf", "--hf-device", "cpu", "--hf-batch-size", "2", "--out", str(tmp_path))
     assert code == 0, err
@@ -210,7 +211,7 @@ def test_compare_hf_dry_run_on_cpu_puts_hf_beside_tinyvllm(capsys, tmp_path):
 
 
 def test_hf_only_runs_just_the_hf_side_and_needs_compare(capsys, tmp_path):
-    pytest.importorskip("transformers")
+    require("transformers")
     code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--hf-only")
     assert code == 1 and "--hf-only needs --compare hf" in err.splitlines()[-1]
     code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--compare", "hf", "--hf-only",
