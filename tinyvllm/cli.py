@@ -96,7 +96,8 @@ def _engine_args(p):
     e.add_argument("--max-num-seqs", type=int, default=8, metavar="N", help="sequences in flight per step")
     e.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N", help="token budget per step")
     e.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block")
-    e.add_argument("--num-blocks", type=int, metavar="N", help="KV blocks in the pool (default: from free GPU memory)")
+    e.add_argument("--num-blocks", type=int, metavar="N",
+                   help="KV blocks in the pool (default: max-num-seqs x max-model-len, capped by memory)")
     e.add_argument("--gpu-memory-fraction", type=float, default=0.5, metavar="F",
                    help="share of free GPU memory for the KV pool when --num-blocks is not given")
     e.add_argument("--batching", choices=("continuous", "static"), default="continuous")
