@@ -11,7 +11,7 @@ from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESC
                                   gemv_coalesced, gemv_residual, gemv_rmsnorm, gemv_rmsnorm_rope, linear,
                                   linear_kernel_name, linear_ref)
 from kernels_numba.activation import silu_mul_ref, silu_ref
-from kernels_numba.paged_attention import write_kv_paged_ref
+from kernels_numba.attention import write_kv_paged_ref
 from kernels_numba.rmsnorm import rmsnorm_ref
 from kernels_numba.rope import rope_inv_freq, rope_qkv, rope_qkv_ref
 from tests.helpers import poisoned

@@ -31,9 +31,9 @@ from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.matmul import gemv_residual, gemv_rmsnorm, gemv_rmsnorm_rope, linear, linear_kernel_name
-from kernels_numba.paged_attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
-                                           paged_attention_flash_decode, paged_attention_per_query,
-                                           paged_attention_prefill_gqa)
+from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
+                                     paged_attention_flash_decode, paged_attention_per_query,
+                                     paged_attention_prefill_gqa)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
 
@@ -142,7 +142,7 @@ class DeviceBatch:
     slot_mapping: object
     block_tables: object
     decode_only: bool
-    prefill_tiles: object = None   # kernels_numba.paged_attention.PrefillTiles, for steps with prefill chunks
+    prefill_tiles: object = None   # kernels_numba.attention.PrefillTiles, for steps with prefill chunks
     logits_rows: object = None     # device int32 [R]: which tokens get logits; None: every token
     fed_back: object = None        # device int32 [>= T]: the ids that token ids FED_BACK stand for (see embedding)
 
@@ -363,21 +363,21 @@ class ModelRunner:
         if SIMULATOR:
             def per_query(q, k_pool, v_pool):
                 return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
-            return per_query, "paged_attention.paged_attention_per_query"
+            return per_query, "attention.per_query.paged_attention_per_query"
         if batch.decode_only and query_seq.shape[0] * self.config.num_key_value_heads >= DECODE_GQA_MIN_BLOCKS:
             def decode_gqa(q, k_pool, v_pool):
                 return paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
-            return decode_gqa, "paged_attention.paged_attention_decode_gqa"
+            return decode_gqa, "attention.decode_gqa.paged_attention_decode_gqa"
         if batch.decode_only:
             def flash_decode(q, k_pool, v_pool):
                 return paged_attention_flash_decode(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
-            return flash_decode, "paged_attention.paged_attention_flash_decode"
+            return flash_decode, "attention.decode_gqa.paged_attention_flash_decode"
         tiles = batch.prefill_tiles
 
         def tiled(q, k_pool, v_pool):
             return paged_attention_prefill_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale,
                                                tiles=tiles)
-        return tiled, "paged_attention.paged_attention_prefill_gqa"
+        return tiled, "attention.prefill_gqa.paged_attention_prefill_gqa"
 
 
 def drain(stages: Iterator):
