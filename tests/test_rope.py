@@ -182,7 +182,7 @@ def test_rope_qkv_allocates_its_outputs(rng):
 def test_rope_qkv_stores_k_and_v_into_the_paged_pools(rng):
     """With the pools: k and v land at each token's slot exactly as write_kv_paged_ref puts them (bit for bit:
     the same values rope_qkv returns), padding slots (-1) write nothing, every other pool entry keeps its value."""
-    from kernels_numba.paged_attention import write_kv_paged_ref
+    from kernels_numba.attention import write_kv_paged_ref
     n_heads, n_kv_heads, head_dim, block_size, num_blocks = 4, 2, 8, 4, 5
     n_tokens = 6
     qkv = rng.standard_normal((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)
