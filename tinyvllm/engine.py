@@ -40,6 +40,10 @@ from .sequence import Sequence
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
+class InvalidPrompt(TinyVLLMError, ValueError):
+    """A prompt the engine cannot run; the message says why."""
+
+
 @dataclass
 class EngineConfig:
     max_num_seqs: int = 8
@@ -239,6 +243,28 @@ class LLMEngine:
             self.scheduler.finish(request.seq)
             request.finish_reason = "abort"
             self._rejected.append(request)
+
+    def release_request(self, request_id: str) -> None:
+        """Forget a finished request whose final output has been read: a long-lived server calls this so its
+        tables stay flat over any number of requests; generate() keeps them (engine.request(id) afterwards)."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return
+        assert request.finish_reason is not None and request not in self._rejected, \
+            f"request {request_id!r} is released before its final output"
+        del self._requests[request_id]
+        if request.seq is not None:
+            self._by_seq_id.pop(request.seq.seq_id, None)
+        self.metrics.forget(request_id)
+
+    def prepare_prompt(self, prompt: str | list[int] | list[dict]) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt as add_request would queue it; raises InvalidPrompt naming what is
+        wrong (empty, unknown ids, longer than the context), for callers that reject a prompt up front."""
+        text, ids, error = self._tokenize(prompt)
+        error = error or self._prompt_error(ids, None)
+        if error is not None:
+            raise InvalidPrompt(error)
+        return text, ids
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished or bool(self._rejected)
