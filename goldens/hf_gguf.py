@@ -21,7 +21,10 @@ def load_hf_gguf_model(gguf_file, device="cpu", bf16_weights=True) -> LlamaForCa
         model = LlamaForCausalLM._from_config(config, dtype=torch.float32)
     except TypeError:  # transformers < 4.56 names it torch_dtype
         model = LlamaForCausalLM._from_config(config, torch_dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=model)["tensors"]
+    try:
+        tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=model)["tensors"]
+    except TypeError:  # older transformers: no model_to_load, Llama names mapped by the architecture alone
+        tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True)["tensors"]
     state = {name: t.to(torch.float32) for name, t in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected, unexpected
