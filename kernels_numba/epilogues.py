@@ -81,10 +81,11 @@ def pairs_rows(epilogue) -> bool:
 
 
 def fused_outputs(x, w_bits, prologue: RMSNormPrologue | None, epilogue, out=None) -> FusedOutputs:
-    """Check x [T, K] f32, W [N, K] u16, the prologue's and epilogue's operands; allocate every output left None."""
+    """Check x [T, K] (float32, or uint16 bf16 bits), W [N, K] u16, the prologue's and epilogue's operands;
+    allocate every output left None."""
     assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
     assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
-    assert w_bits.dtype == np.uint16 and x.dtype == np.float32, (x.dtype, w_bits.dtype)
+    assert w_bits.dtype == np.uint16 and x.dtype in (np.float32, np.uint16), (x.dtype, w_bits.dtype)
     assert prologue is None or isinstance(prologue, RMSNormPrologue), f"unknown prologue {prologue!r}"
     assert epilogue is None or isinstance(epilogue, EPILOGUES), f"unknown epilogue {epilogue!r}"
     num_tokens, in_features = x.shape
