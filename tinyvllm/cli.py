@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(run=bench.run)
 
+    from .evaluation import cli as evaluation_cli
+    v = sub.add_parser("eval", help="MMLU / GPQA-diamond accuracy of a model or an OpenAI-compatible server")
+    _engine_args(v)
+    evaluation_cli.add_arguments(v)
+    v.set_defaults(run=evaluation_cli.run, max_num_seqs=32, max_num_batched_tokens=4096)
+
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
     _engine_args(d)
