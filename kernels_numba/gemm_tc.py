@@ -224,6 +224,7 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     any M and N, K a multiple of 8 (16-byte copies). `epilogue`: None or epilogues.ResidualEpilogue
     (residual_out = out + residual). Returns the FusedOutputs written."""
     assert x.ndim == 2 and x.dtype in (np.float32, np.uint16), (x.shape, x.dtype)
+    assert w_bits.dtype == np.uint16, f"W is {w_bits.dtype}: gemm_tc reads bf16 weights (uint16 bits)"
     assert epilogue is None or isinstance(epilogue, ResidualEpilogue), (
         f"gemm_tc has no {type(epilogue).__name__} yet: None or ResidualEpilogue")
     num_tokens, in_features = x.shape
