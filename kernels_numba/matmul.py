@@ -17,9 +17,9 @@ Four kernels, one job each:
   simulator (no shuffles) by a shared-memory tree (WARP_REDUCE). Faster because it is coalesced and keeps
   many loads in flight (rows x unroll wide loads per thread), which is what a bandwidth-bound kernel needs.
   Grid: one block per row group on the GPU; blocks grid-stride over row groups so the simulator runs two.
-  Its epilogues fuse the decode layer's neighbours: gemv_rmsnorm (RMSNorm in front; SwiGLU behind
-  gate|up), gemv_rmsnorm_rope (RMSNorm in front of q|k|v, RoPE and the K/V pool write behind),
-  gemv_residual (the residual add behind).
+  `gemv_fused` fuses the decode layer's neighbours into it, given as objects (epilogues.py): an
+  RMSNormPrologue in front, and behind a SwiGLUEpilogue (gate|up), a RopeKVEpilogue (q|k|v: RoPE and the K/V
+  pool write) or a ResidualEpilogue (the residual add).
 - `gemm` (prefill, many tokens): classic shared-memory tiling. A TILE x TILE block owns the output tile
   out[by*TILE : +TILE, bx*TILE : +TILE]; it walks K a tile at a time, each thread loading one x value and one
   decoded weight into shared memory, so each global value is read once per tile instead of TILE times.
@@ -45,6 +45,8 @@ from .rmsnorm import row_scale
 from .rope import store_qkv_pair
 from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, SHARED_ALIGN, SHARED_ROW_PAD,
                      launch_stream, device_empty)
+from .epilogues import (FusedOutputs, RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue, fused_outputs,
+                        pairs_rows)
 from .weight_dtype import WEIGHT_DTYPES, f32_from_bits, weight_bits, weight_to_f32, weights_ref
 
 # gemv keeps T x GEMV_ROWS accumulators per thread: registers on a GPU, so a small compile-time constant;
@@ -465,16 +467,9 @@ def sum_splits_kernel(partials, out):
         out[t, n] = total
 
 
-def _check_shapes(x, w_bits, out, out_features=None):
-    """Check x [T, K] f32 against W [N, K] (u16 bf16 bits or f32) and return out [T, out_features] f32 (allocated
-    if None); out_features defaults to N (the SwiGLU gemv writes N / 2)."""
-    assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
-    assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
-    assert w_bits.dtype in WEIGHT_DTYPES and x.dtype == np.float32, (x.dtype, w_bits.dtype)
-    out_shape = (x.shape[0], w_bits.shape[0] if out_features is None else out_features)
-    out = device_empty(out_shape, np.float32) if out is None else out
-    assert out.shape == out_shape and out.dtype == np.float32, (out.shape, out.dtype)
-    return out
+def _check_shapes(x, w_bits, out):
+    """Check x [T, K] f32 against W [N, K] u16 and return out [T, N] f32 (allocated if None)."""
+    return fused_outputs(x, w_bits, None, None, out).out
 
 
 def gemv(x, w_bits, out=None):
@@ -495,75 +490,21 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     instruction; more than 2 tokens in passes of COALESCED_PASS_TOKENS. in_features must be a multiple of
     word_elements and w_bits C-contiguous (a word view). `warp_reduce` (default WARP_REDUCE): the block's
     sums by warp shuffles (GPU only) or by the shared-memory tree."""
-    out = _check_shapes(x, w_bits, out)
-    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, word_elements, warp_reduce=warp_reduce)
-    return out
+    return gemv_fused(x, w_bits, out=out, threads=threads, rows=rows, unroll=unroll, word_elements=word_elements,
+                      warp_reduce=warp_reduce).out
 
 
-def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=False, threads=None, unroll=None, rows=None,
-                 warp_reduce=None):
-    """out = rmsnorm(h) @ W.T in one gemv_coalesced launch (RMSNorm with bf16 gains norm_weight [K] fused in
-    front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it.
-    With `swiglu`, w_bits is [Wg; Wu] ([2 I, K]) and out [T, I] = silu(x Wg) * (x Wu), x = rmsnorm(h)."""
-    assert not swiglu or w_bits.shape[0] % 2 == 0, f"swiglu needs [Wg; Wu] stacked, got {w_bits.shape[0]} rows"
-    out = _check_shapes(h, w_bits, out, w_bits.shape[0] // 2 if swiglu else None)
-    normed = _check_normed(h, norm_weight, normed, w_bits)
-    _launch_gemv_coalesced(h, w_bits, out, threads, rows, unroll, norm_weight=norm_weight, eps=eps, normed=normed,
-                           swiglu=swiglu, warp_reduce=warp_reduce)
-    return out, normed
-
-
-def gemv_rmsnorm_rope(h, norm_weight, eps, w_bits, positions, inv_freq, n_heads, n_kv_heads, head_dim, kv_pools,
-                      slot_mapping, q_out=None, k_out=None, v_out=None, normed=None, threads=None, unroll=None,
-                      warp_reduce=None, rows=None):
-    """rope_qkv(rmsnorm(h) @ W.T) with W = [Wq; Wk; Wv] in one gemv_coalesced launch: the RMSNorm in front as
-    gemv_rmsnorm, RoPE and the K/V write behind as rope.rope_qkv with kv_pools = (k_pool, v_pool) ([num_blocks,
-    block_size, n_kv_heads, head_dim]): k and v also stored at each token's slot_mapping slot (-1: nothing).
-    positions and slot_mapping int32 [T], inv_freq float32 [head_dim / 2]. Returns (q [T, n_heads, head_dim],
-    k, v [T, n_kv_heads, head_dim], normed = rmsnorm(h)); q|k|v itself is never stored. The same dot products
-    as gemv_rmsnorm with the same launch shape, rotated by rope_qkv's rotate_pair: in the simulator every bit
-    the same as gemv_rmsnorm then rope_qkv."""
-    n_tokens, hidden = h.shape
-    width = (n_heads + 2 * n_kv_heads) * head_dim
-    assert h.dtype == np.float32 and w_bits.dtype in WEIGHT_DTYPES and w_bits.shape == (width, hidden), (
-        f"h {h.shape} {h.dtype}, W {w_bits.shape} {w_bits.dtype}: want W [{width}, {hidden}] uint16 or float32")
-    assert head_dim % 2 == 0 and inv_freq.shape == (head_dim // 2,) and inv_freq.dtype == np.float32, inv_freq.shape
-    assert positions.shape == slot_mapping.shape == (n_tokens,), (positions.shape, slot_mapping.shape, n_tokens)
-    assert positions.dtype == slot_mapping.dtype == np.int32, (positions.dtype, slot_mapping.dtype)
-    k_pool, v_pool = kv_pools
-    assert k_pool.shape == v_pool.shape and k_pool.shape[2:] == (n_kv_heads, head_dim), (k_pool.shape, v_pool.shape)
-    q_shape, kv_shape = (n_tokens, n_heads, head_dim), (n_tokens, n_kv_heads, head_dim)
-    q = device_empty(q_shape, np.float32) if q_out is None else q_out
-    k = device_empty(kv_shape, np.float32) if k_out is None else k_out
-    v = device_empty(kv_shape, np.float32) if v_out is None else v_out
-    assert q.shape == q_shape and k.shape == kv_shape and v.shape == kv_shape, (q.shape, k.shape, v.shape)
-    normed = _check_normed(h, norm_weight, normed, w_bits)
-    _launch_gemv_coalesced(h, w_bits, normed, threads, rows, unroll, norm_weight=norm_weight, eps=eps,  # out: unused
-                           normed=normed, rope_head_dim=head_dim,
-                           rope_operands=(positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping),
-                           warp_reduce=warp_reduce)
-    return q, k, v, normed
-
-
-def gemv_residual(x, w_bits, residual, out=None, residual_out=None, threads=None, unroll=None, warp_reduce=None,
-                  rows=None):
-    """out = x @ W.T and residual_out = out + residual in one gemv_coalesced launch; returns both."""
-    out = _check_shapes(x, w_bits, out)
-    residual_out = device_empty(out.shape, np.float32) if residual_out is None else residual_out
-    assert residual.shape == out.shape == residual_out.shape, (residual.shape, out.shape, residual_out.shape)
-    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, residual=residual, residual_out=residual_out,
-                           warp_reduce=warp_reduce)
-    return out, residual_out
-
-
-def _check_normed(h, norm_weight, normed, w_bits):
-    """The norm-fused launchers' normed output [T, K] f32 (allocated if None), after checking the gains (stored
-    as W is: one kernel cuts both from words of the same type)."""
-    normed = device_empty(h.shape, np.float32) if normed is None else normed
-    assert norm_weight.shape == (h.shape[1],) and norm_weight.dtype == w_bits.dtype, (
-        f"norm weight {norm_weight.shape} {norm_weight.dtype}, W {w_bits.dtype}")
-    assert normed.shape == h.shape and normed.dtype == np.float32, normed.shape
-    return normed
+def gemv_fused(x, w_bits, prologue: RMSNormPrologue | None = None, epilogue=None, out=None, threads=None,
+               rows=None, unroll=None, word_elements=None, warp_reduce=None) -> FusedOutputs:
+    """gemv_coalesced with its neighbours fused (epilogues.py): RMSNormPrologue in front (x is the residual
+    stream h; also writes normed = rmsnorm(h)), and behind SwiGLUEpilogue (W = [Wg; Wu], out = silu(x Wg) *
+    (x Wu)), ResidualEpilogue (residual_out = out + residual) or RopeKVEpilogue (W = [Wq; Wk; Wv]: RoPE, q, k,
+    v stored and k, v written into the pools; out not stored). One launch; returns the FusedOutputs written.
+    With RopeKVEpilogue the dot products and rotations are rope.rope_qkv's: in the simulator every bit the
+    same as the plain launch then rope_qkv."""
+    result = fused_outputs(x, w_bits, prologue, epilogue, out)
+    _launch_gemv_coalesced(x, w_bits, result, threads, rows, unroll, word_elements, prologue, epilogue, warp_reduce)
+    return result
 
 
 def coalesced_threads(row_groups: int) -> int:
@@ -578,11 +519,13 @@ def coalesced_threads(row_groups: int) -> int:
     return threads
 
 
-def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None, word_elements=None,
-                           norm_weight=None, eps=0.0, normed=None, residual=None, residual_out=None, swiglu=False,
-                           rope_head_dim=0, rope_operands=(), warp_reduce=None):
+def _launch_gemv_coalesced(x, w_bits, result: FusedOutputs, threads=None, rows=None, unroll=None, word_elements=None,
+                           prologue: RMSNormPrologue | None = None, epilogue=None, warp_reduce=None):
     num_tokens, in_features = x.shape
-    paired = swiglu or rope_head_dim > 0  # each output is two weight rows: gate and up, or a RoPE pair
+    paired = pairs_rows(epilogue)  # each output is two weight rows: gate and up, or a RoPE pair
+    swiglu = isinstance(epilogue, SwiGLUEpilogue)
+    residual = isinstance(epilogue, ResidualEpilogue)
+    rope_head_dim = epilogue.head_dim if isinstance(epilogue, RopeKVEpilogue) else 0
     out_features = w_bits.shape[0] // 2 if paired else w_bits.shape[0]
     element_bits = weight_bits(w_bits.dtype)
     if word_elements is None:  # 8-byte words where in_features allows, else 4-byte ones
@@ -591,7 +534,7 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     assert in_features % word_elements == 0, (
         f"gemv_coalesced reads {word_elements} weights per word: in_features {in_features} is not a multiple")
     chunk = num_tokens if num_tokens <= 2 else COALESCED_PASS_TOKENS
-    norm, few = norm_weight is not None, chunk <= 2  # launch shapes: see COALESCED_ROWS and NORM_THREADS
+    norm, few = prologue is not None, chunk <= 2  # launch shapes: see COALESCED_ROWS and NORM_THREADS
     if rows is None:
         rows = (NORM_ROWS if norm else COALESCED_ROWS) if few else COALESCED_ROWS_MANY_TOKENS
     outputs_per_block = rows // 2 if paired else rows
@@ -614,13 +557,15 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
     blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
     word_type = np.uint32 if word_elements * element_bits == 32 else np.uint64
     w_words = w_bits.view(word_type)
-    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None, swiglu,
+    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual, swiglu,
                                    rope_head_dim, warp_reduce, element_bits)
     # unused operands get stand-ins of the right type (a compiled-out branch never touches them)
-    norm_words = norm_weight.view(word_type) if norm else w_words[0]
+    out = x if result.out is None else result.out  # RoPE stores q, k, v instead
+    norm_words = prologue.weight.view(word_type) if norm else w_words[0]
+    rope_operands = epilogue.operands(result.q, result.k, result.v) if rope_head_dim else ()
     kernel[blocks, threads, launch_stream()](
-        x, w_words, out, norm_words, np.float32(eps), normed if norm else out,
-        out if residual is None else residual, out if residual_out is None else residual_out, rope_operands)
+        x, w_words, out, norm_words, np.float32(prologue.eps if norm else 0.0), result.normed if norm else out,
+        epilogue.residual if residual else out, result.residual_out if residual else out, rope_operands)
 
 
 def gemm(x, w_bits, out=None):

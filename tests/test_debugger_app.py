@@ -96,7 +96,8 @@ def test_a_block_table_after_two_requests_share_a_prefix():
         blocks = text(app, "#blocks-text")
         assert "req 0: 0→0* 1→1* 2→2\n" in blocks
         assert "req 2: 0→0* 1→1* 2→3\n" in blocks
-        assert "usage 4/32 (12.5%) · shared 2 · cached 0 · free 28 · prefix hits 44.4%"  # 8 hits of 8 + 10 looked-up tokens in blocks
+        # 4 blocks referenced, the 2 of the common prefix by both; prefix hits: 8 of the 8 + 10 looked-up tokens
+        assert f"usage 4/32 (12.5%) · shared 2 · cached 0 · free 28 · prefix hits {100 * 8 / 18:.1f}%\n" in blocks
         assert " 0   1   2+  3+" in blocks                # only the blocks this step took are marked new
         assert "running 2 · waiting 0" in text(app, "#scheduler-summary")
     drive(app, scenario)

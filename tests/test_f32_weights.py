@@ -9,8 +9,9 @@ import pytest
 from kernels_numba.activation import silu_mul_ref, silu_ref
 from kernels_numba.common import cuda
 from kernels_numba.embedding import embedding, embedding_ref
-from kernels_numba.matmul import (COALESCED_PASS_TOKENS, gemm, gemm_blocked, gemv, gemv_coalesced, gemv_residual,
-                                  gemv_rmsnorm, gemv_rmsnorm_rope, linear, linear_ref)
+from kernels_numba.epilogues import ResidualEpilogue, RMSNormPrologue, RopeKVEpilogue, SwiGLUEpilogue
+from kernels_numba.matmul import (COALESCED_PASS_TOKENS, gemm, gemm_blocked, gemv, gemv_coalesced, gemv_fused, linear,
+                                  linear_ref)
 from kernels_numba.paged_attention import write_kv_paged_ref
 from kernels_numba.rmsnorm import add_rmsnorm, add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from kernels_numba.rope import rope_inv_freq, rope_qkv_ref
@@ -88,33 +89,34 @@ def test_every_linear_kernel_reads_float32_weights(rng, kernel, num_tokens, in_f
 
 
 @pytest.mark.parametrize("num_tokens, in_features", [(1, 64), (3, 66), (2, 67)])
-def test_gemv_rmsnorm_and_residual_with_float32_weights(rng, num_tokens, in_features):
-    """The bounds of test_matmul's gemv_rmsnorm and gemv_residual tests, with float32 gains and weights."""
+def test_gemv_fused_rmsnorm_and_residual_with_float32_weights(rng, num_tokens, in_features):
+    """The bounds of test_matmul's gemv_fused RMSNorm and residual tests, with float32 gains and weights."""
     h = (3 * rng.standard_normal((num_tokens, in_features))).astype(np.float32)
     gains = f32_weights(rng, in_features, center=1.0)
     w = f32_weights(rng, (OUT_FEATURES, in_features))
-    got, normed = gemv_rmsnorm(cuda.to_device(h), cuda.to_device(gains), EPS, cuda.to_device(w),
-                               out=poisoned((num_tokens, OUT_FEATURES), np.float32))
+    fused = gemv_fused(cuda.to_device(h), cuda.to_device(w), RMSNormPrologue(cuda.to_device(gains), EPS),
+                       out=poisoned((num_tokens, OUT_FEATURES), np.float32))
+    got, normed = fused.out, fused.normed
     x = rmsnorm_ref(h, gains, EPS)
     assert_linear_close(got.copy_to_host(), x, w, factor=2, terms=in_features + 4)
     gamma = (in_features + 4) * UNIT_ROUNDOFF / (1 - (in_features + 4) * UNIT_ROUNDOFF)
     assert (np.abs(normed.copy_to_host() - x) <= (gamma + 4 * UNIT_ROUNDOFF) * np.abs(x)).all()
     residual = rng.standard_normal((num_tokens, OUT_FEATURES)).astype(np.float32)
-    out, summed = gemv_residual(cuda.to_device(x), cuda.to_device(w), cuda.to_device(residual))
+    fused = gemv_fused(cuda.to_device(x), cuda.to_device(w), epilogue=ResidualEpilogue(cuda.to_device(residual)))
+    out, summed = fused.out, fused.residual_out
     out = out.copy_to_host()
     assert_linear_close(out, x, w)
     np.testing.assert_array_equal(summed.copy_to_host(), out + residual)
 
 
-def test_gemv_rmsnorm_swiglu_with_float32_weights(rng):
+def test_gemv_fused_rmsnorm_swiglu_with_float32_weights(rng):
     """test_matmul's SwiGLU bound: each dot within e, silu's slope below 1.1, 8 u for silu and the product."""
     num_tokens, in_features, intermediate = 2, 64, 7
     h = (3 * rng.standard_normal((num_tokens, in_features))).astype(np.float32)
     gains = f32_weights(rng, in_features, center=1.0)
     w = f32_weights(rng, (2 * intermediate, in_features))
-    got, _ = gemv_rmsnorm(cuda.to_device(h), cuda.to_device(gains), EPS, cuda.to_device(w), swiglu=True,
-                          out=poisoned((num_tokens, intermediate), np.float32))
-    got = got.copy_to_host()
+    got = gemv_fused(cuda.to_device(h), cuda.to_device(w), RMSNormPrologue(cuda.to_device(gains), EPS),
+                     SwiGLUEpilogue(), out=poisoned((num_tokens, intermediate), np.float32)).out.copy_to_host()
     x = rmsnorm_ref(h, gains, EPS)
     gate, up = linear_ref(x, w[:intermediate]), linear_ref(x, w[intermediate:])
     e_gate = 2 * dot_bound(x, w[:intermediate], in_features + 4)
@@ -125,7 +127,7 @@ def test_gemv_rmsnorm_swiglu_with_float32_weights(rng):
     assert (np.abs(got - want) <= bound).all(), f"max err {np.abs(got - want).max()}"
 
 
-def test_gemv_rmsnorm_rope_with_float32_weights(rng):
+def test_gemv_fused_rmsnorm_rope_with_float32_weights(rng):
     """test_matmul's bound for the norm + q|k|v + RoPE + K/V write launch: a rotated value within e1 + e2 plus
     rope's own 1e-5; v within e; the pools get k and v at the tokens' slots."""
     n_heads, n_kv_heads, head_dim, hidden, num_tokens, block_size = 2, 1, 8, 64, 2, 4
@@ -137,9 +139,10 @@ def test_gemv_rmsnorm_rope_with_float32_weights(rng):
     pool_shape = (3, block_size, n_kv_heads, head_dim)
     k_pool, v_pool = (rng.standard_normal(pool_shape).astype(np.float32) for _ in range(2))
     d_pools = (cuda.to_device(k_pool), cuda.to_device(v_pool))
-    q, k, v, normed = (a.copy_to_host() for a in gemv_rmsnorm_rope(
-        cuda.to_device(h), cuda.to_device(gains), EPS, cuda.to_device(w), cuda.to_device(positions),
-        cuda.to_device(inv_freq), n_heads, n_kv_heads, head_dim, d_pools, cuda.to_device(slots)))
+    fused = gemv_fused(cuda.to_device(h), cuda.to_device(w), RMSNormPrologue(cuda.to_device(gains), EPS),
+                       RopeKVEpilogue(cuda.to_device(positions), cuda.to_device(inv_freq), n_heads, n_kv_heads,
+                                      head_dim, d_pools, cuda.to_device(slots)))
+    q, k, v, normed = (a.copy_to_host() for a in (fused.q, fused.k, fused.v, fused.normed))
     x = rmsnorm_ref(h, gains, EPS)
     e = 2 * dot_bound(x, w, hidden + 4)
     want_q, want_k, want_v = rope_qkv_ref(linear_ref(x, w), positions, inv_freq, n_heads, n_kv_heads, head_dim)
@@ -161,5 +164,5 @@ def test_gemv_rmsnorm_rope_with_float32_weights(rng):
 def test_gains_must_be_stored_as_the_weights_are(rng):
     h = rng.standard_normal((1, 64)).astype(np.float32)
     with pytest.raises(AssertionError, match="norm weight"):
-        gemv_rmsnorm(cuda.to_device(h), cuda.to_device(np.ones(64, np.uint16)), EPS,
-                     cuda.to_device(f32_weights(rng, (4, 64))))
+        gemv_fused(cuda.to_device(h), cuda.to_device(f32_weights(rng, (4, 64))),
+                   RMSNormPrologue(cuda.to_device(np.ones(64, np.uint16)), EPS))
