@@ -82,10 +82,11 @@ def pairs_rows(epilogue) -> bool:
 
 
 def fused_outputs(x, w_bits, prologue: RMSNormPrologue | None, epilogue, out=None) -> FusedOutputs:
-    """Check x [T, K] f32, W [N, K] (u16 bf16 bits or f32), the prologue's and epilogue's operands; allocate every output left None."""
+    """Check x [T, K] (float32, or uint16 bf16 bits), W [N, K] (uint16 bf16 bits or float32), the prologue's and
+    epilogue's operands; allocate every output left None. Each launcher asserts what its own kernel reads."""
     assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
     assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
-    assert w_bits.dtype in WEIGHT_DTYPES and x.dtype == np.float32, (x.dtype, w_bits.dtype)
+    assert w_bits.dtype in WEIGHT_DTYPES and x.dtype in (np.float32, np.uint16), (x.dtype, w_bits.dtype)
     assert prologue is None or isinstance(prologue, RMSNormPrologue), f"unknown prologue {prologue!r}"
     assert epilogue is None or isinstance(epilogue, EPILOGUES), f"unknown epilogue {epilogue!r}"
     num_tokens, in_features = x.shape

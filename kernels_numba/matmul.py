@@ -469,6 +469,7 @@ def sum_splits_kernel(partials, out):
 
 def _check_shapes(x, w_bits, out):
     """Check x [T, K] f32 against W [N, K] u16 and return out [T, N] f32 (allocated if None)."""
+    assert x.dtype == np.float32, f"x is {x.dtype}: these kernels read float32 activations"
     return fused_outputs(x, w_bits, None, None, out).out
 
 
@@ -502,6 +503,7 @@ def gemv_fused(x, w_bits, prologue: RMSNormPrologue | None = None, epilogue=None
     v stored and k, v written into the pools; out not stored). One launch; returns the FusedOutputs written.
     With RopeKVEpilogue the dot products and rotations are rope.rope_qkv's: in the simulator every bit the
     same as the plain launch then rope_qkv."""
+    assert x.dtype == np.float32, f"x is {x.dtype}: gemv_fused reads float32 activations"
     result = fused_outputs(x, w_bits, prologue, epilogue, out)
     _launch_gemv_coalesced(x, w_bits, result, threads, rows, unroll, word_elements, prologue, epilogue, warp_reduce)
     return result

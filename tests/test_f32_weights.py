@@ -12,7 +12,7 @@ from kernels_numba.embedding import embedding, embedding_ref
 from kernels_numba.epilogues import ResidualEpilogue, RMSNormPrologue, RopeKVEpilogue, SwiGLUEpilogue
 from kernels_numba.matmul import (COALESCED_PASS_TOKENS, gemm, gemm_blocked, gemv, gemv_coalesced, gemv_fused, linear,
                                   linear_ref)
-from kernels_numba.paged_attention import write_kv_paged_ref
+from kernels_numba.attention import write_kv_paged_ref
 from kernels_numba.rmsnorm import add_rmsnorm, add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from kernels_numba.rope import rope_inv_freq, rope_qkv_ref
 from kernels_numba.weight_dtype import weight_to_f32, weights_ref

@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_arguments(v)
     v.set_defaults(run=convert.run)
 
+    from .evaluation import cli as evaluation_cli
+    e = sub.add_parser("eval", help="MMLU / GPQA-diamond accuracy of a model or an OpenAI-compatible server")
+    _engine_args(e)
+    evaluation_cli.add_arguments(e)
+    e.set_defaults(run=evaluation_cli.run, max_num_seqs=32, max_num_batched_tokens=4096)
+
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
     _engine_args(d)
