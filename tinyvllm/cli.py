@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(run=bench.run)
 
+    from .serving import cli as serving_cli
+    v = sub.add_parser("serve", help="serve the model: OpenAI-compatible HTTP API, or --jsonl on stdin/stdout",
+                       description=serving_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serving_cli.add_arguments(v)
+    v.set_defaults(run=serving_cli.run)
+
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
     _engine_args(d)
