@@ -24,6 +24,7 @@ PROMPTS = ["The sun rose", "A small dog ran along the river", "Water", "The old 
 CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where is the river?"}]
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS}
 EXTRA = {"ignore_eos": True, "return_token_ids": True}  # vLLM's extensions, through the client's extra_body
+LOGPROB_IDS = [384, 32, 85, 368, 300]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,10 @@ def offline(model):
     simulator must not run two engines' kernels at once)."""
     llm = LLM(model, log=quiet, **ENGINE_OPTIONS)
     outs = llm.generate(PROMPTS + [CHAT], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
-    return {"prompts": outs[:-1], "chat": outs[-1], "tokenizer": llm.tokenizer}
+    scored = llm.generate([LOGPROB_IDS, CHAT], [
+        SamplingParams(temperature=0, max_tokens=1, logprobs=2, prompt_logprobs=2),
+        SamplingParams(temperature=0, max_tokens=2, logprobs=2, ignore_eos=True)])
+    return {"prompts": outs[:-1], "chat": outs[-1], "tokenizer": llm.tokenizer, "scored": scored}
 
 
 @pytest.fixture(scope="module")
@@ -265,21 +269,34 @@ def test_models_health_version_tokenize_detokenize(server, offline):
         assert http.post("/tokenize", json={}).status_code == 400
 
 
-def test_logprobs_follow_openai_shapes_or_are_refused_clearly(server):
+def test_logprobs_are_the_engines_in_openai_shapes(server, offline):
     client = server.openai()
-    supported = "logprobs" in SamplingParams.__dataclass_fields__
-    if not supported:
-        with pytest.raises(openai.BadRequestError, match="logprobs are not supported"):
-            client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=1, logprobs=2)
-        return
-    ids = [384, 32, 85, 368]
-    reply = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=1, temperature=0, echo=True, logprobs=2)
+    text = offline["tokenizer"].decode
+    top2 = lambda entry: dict(sorted(((text([t], skip_special_tokens=False), lp) for t, lp in entry.items()),
+                                     key=lambda kv: -kv[1])[:2])
+    # completions, echo: what lm-evaluation-harness's local-completions sends for loglikelihoods
+    expected = offline["scored"][0]
+    reply = client.completions.create(model=MODEL_NAME, prompt=LOGPROB_IDS, max_tokens=1, temperature=0, echo=True,
+                                      logprobs=2)
     lp = reply.choices[0].logprobs
-    assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) <= 2 for t in lp.top_logprobs[1:])
-    assert lp.token_logprobs[-1] == pytest.approx(max(lp.top_logprobs[-1].values()))  # greedy: the top token
+    ids = LOGPROB_IDS + expected.token_ids
+    entries = list(expected.prompt_logprobs) + list(expected.logprobs)
+    assert lp.tokens == [text([t], skip_special_tokens=False) for t in ids]
+    assert lp.token_logprobs == [None] + [e[t] for t, e in zip(ids[1:], entries[1:])]
+    assert lp.top_logprobs == [None] + [top2(e) for e in entries[1:]]
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(ids))]
+    assert reply.choices[0].text == text(LOGPROB_IDS) + expected.text
+    # chat
+    expected = offline["scored"][1]
     chat = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=2, temperature=0,
-                                          logprobs=True, top_logprobs=2)
+                                          logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
     content = chat.choices[0].logprobs.content
-    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
-    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob) for c in content)
+    assert [(c.token, c.logprob) for c in content] == [(text([t], skip_special_tokens=False), e[t])
+                                                       for t, e in zip(expected.token_ids, expected.logprobs)]
+    assert [{t.token: t.logprob for t in c.top_logprobs} for c in content] == [top2(e) for e in expected.logprobs]
+    # streamed: the same entries, a step at a time
+    chunks = [c for c in client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=2, temperature=0,
+                                                         logprobs=True, top_logprobs=2, stream=True,
+                                                         extra_body={"ignore_eos": True}) if c.choices]
+    assert [(c.token, c.logprob) for ch in chunks if ch.choices[0].logprobs
+            for c in ch.choices[0].logprobs.content] == [(c.token, c.logprob) for c in content]

@@ -8,17 +8,14 @@ the prompt's tokens first when echo is set (the first prompt token has no logpro
 """
 from __future__ import annotations
 
-from ..sampling_params import SamplingParams
-from .protocol import ApiError, ChatChoiceLogprobs, ChatLogprob, CompletionLogprobs, TopLogprob
+from .protocol import ChatChoiceLogprobs, ChatLogprob, CompletionLogprobs, TopLogprob
 
 
-def sampling_fields(top_n: int | None, with_prompt: bool = False, param: str = "logprobs") -> dict:
+def sampling_fields(top_n: int | None, with_prompt: bool = False) -> dict:
     """The SamplingParams fields that ask the engine for `top_n` logprobs per output token (and per
     prompt token with `with_prompt`); {} when top_n is None."""
     if top_n is None:
         return {}
-    if "logprobs" not in SamplingParams.__dataclass_fields__:
-        raise ApiError(400, "logprobs are not supported by this tinyvllm version", param=param)
     return {"logprobs": top_n, "prompt_logprobs": top_n if with_prompt else None}
 
 
