@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .common import device_empty
+from .weight_dtype import WEIGHT_DTYPES
 
 
 @dataclass
 class RMSNormPrologue:
-    weight: object        # uint16 [K]: bf16 gains
+    weight: object        # [K] gains, stored as W is (uint16 bf16 bits or float32)
     eps: float
     normed: object = None  # float32 [T, K]: rmsnorm(x), written by the launch (allocated if None)
 
@@ -81,17 +82,20 @@ def pairs_rows(epilogue) -> bool:
 
 
 def fused_outputs(x, w_bits, prologue: RMSNormPrologue | None, epilogue, out=None) -> FusedOutputs:
-    """Check x [T, K] f32, W [N, K] u16, the prologue's and epilogue's operands; allocate every output left None."""
+    """Check x [T, K] (float32, or uint16 bf16 bits), W [N, K] (uint16 bf16 bits or float32), the prologue's and
+    epilogue's operands; allocate every output left None. Each launcher asserts what its own kernel reads."""
     assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
     assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
-    assert w_bits.dtype == np.uint16 and x.dtype == np.float32, (x.dtype, w_bits.dtype)
+    assert w_bits.dtype in WEIGHT_DTYPES and x.dtype in (np.float32, np.uint16), (x.dtype, w_bits.dtype)
     assert prologue is None or isinstance(prologue, RMSNormPrologue), f"unknown prologue {prologue!r}"
     assert epilogue is None or isinstance(epilogue, EPILOGUES), f"unknown epilogue {epilogue!r}"
     num_tokens, in_features = x.shape
     weight_rows = w_bits.shape[0]
     result = FusedOutputs()
     if prologue is not None:
-        assert prologue.weight.shape == (in_features,) and prologue.weight.dtype == np.uint16, prologue.weight.shape
+        # one kernel cuts the gains and W from words of the same type: they are stored alike
+        assert prologue.weight.shape == (in_features,) and prologue.weight.dtype == w_bits.dtype, (
+            f"norm weight {prologue.weight.shape} {prologue.weight.dtype}, W {w_bits.dtype}")
         result.normed = device_empty(x.shape, np.float32) if prologue.normed is None else prologue.normed
         assert result.normed.shape == x.shape and result.normed.dtype == np.float32, result.normed.shape
     if isinstance(epilogue, RopeKVEpilogue):

@@ -1,6 +1,6 @@
-"""Linear layers: y = x @ W.T, with W stored as bf16 bits and everything accumulated in float32.
+"""Linear layers: y = x @ W.T, with W stored as bf16 bits (or float32) and everything accumulated in float32.
 
-    out[t, n] = sum_k x[t, k] * bf16_to_f32(w_bits[n, k])       x f32 [T, K], w_bits u16 [N, K], out f32 [T, N]
+    out[t, n] = sum_k x[t, k] * weight_to_f32(w_bits[n, k])     x f32 [T, K], w_bits u16 or f32 [N, K], out f32 [T, N]
 
 Four kernels, one job each:
 - `gemv` (decode, T <= MAX_GEMV_TOKENS): one thread per GEMV_ROWS output features walks those rows of W
@@ -38,7 +38,6 @@ import functools
 import os
 
 import numpy as np
-import ml_dtypes
 
 from .bf16 import bf16_to_f32
 from .activation import silu
@@ -48,6 +47,7 @@ from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_G
                      launch_stream, device_empty)
 from .epilogues import (FusedOutputs, RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue, fused_outputs,
                         pairs_rows)
+from .weight_dtype import WEIGHT_DTYPES, f32_from_bits, weight_bits, weight_to_f32, weights_ref
 
 # gemv keeps T x GEMV_ROWS accumulators per thread: registers on a GPU, so a small compile-time constant;
 # the simulator has no registers to spare, and every extra pass over W re-decodes each weight in Python.
@@ -93,6 +93,7 @@ COALESCED_PASS_TOKENS = 4          # tokens per pass once there are more than 2
 COALESCED_ROWS_MANY_TOKENS = 8
 COALESCED_UNROLL_MANY_TOKENS = 1
 COALESCED_WORD_ELEMENTS = 4       # bf16 per load (uint64 words); 2 (uint32) when in_features is not a multiple
+#                                   (float32 weights: 2 per uint64 word, or 1 per uint32 word)
 # 2 warps per block past 2 tokens: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread
 # of the block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
 COALESCED_THREADS = 4 if SIMULATOR else 64
@@ -155,7 +156,7 @@ def gemv_kernel(x, w_bits, out):
             for t in range(num_tokens):  # x[:, k] once, for all of this thread's rows
                 x_k[t] = x[t, k]
             for r in range(rows):
-                w = bf16_to_f32(w_bits[n0 + r, k])
+                w = weight_to_f32(w_bits[n0 + r, k])
                 for t in range(num_tokens):
                     acc[r, t] += x_k[t] * w
         for r in range(rows):
@@ -176,11 +177,11 @@ def _block_total(partial, r, t, count):
 @functools.cache
 def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word_elements: int,
                           norm: bool = False, residual: bool = False, swiglu: bool = False,
-                          rope_head_dim: int = 0, warp_reduce: bool = WARP_REDUCE):
+                          rope_head_dim: int = 0, warp_reduce: bool = WARP_REDUCE, element_bits: int = 16):
     """The kernel for one (tokens per pass, block size, rows per block, loads per row in flight, bf16 per
     load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
-    unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
-    4 reads uint64 words. More tokens than `chunk` are walked `chunk` at a time by the same block, so its
+    unrolled loops) and the shared array has a fixed shape. A word holds word_elements weights of element_bits
+    bits each (16: bf16 bits, 32: float32), uint32 or uint64 words: bf16 pairs or quads, one or two float32. More tokens than `chunk` are walked `chunk` at a time by the same block, so its
     rows come back from L2, not HBM, for every pass after the first.
 
     Reduction (`warp_reduce`, see WARP_REDUCE): each warp adds its lanes' partial sums with shuffles, lane 0
@@ -200,10 +201,14 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
     a block's first rows / 2 rows are first halves and the rest the matching second halves, so both values of
     a pair meet in one block, which rotates q and k pairs (v pairs stay as they are) and stores them into
     q, k, v and k, v at each token's pool slot (rope_operands; `out` is not written)."""
-    word_type = np.uint32 if word_elements == 2 else np.uint64
+    word_bits = word_elements * element_bits
+    assert element_bits in (16, 32) and word_bits in (32, 64), (word_elements, element_bits)
+    word_type = np.uint32 if word_bits == 32 else np.uint64
+    decode = bf16_to_f32 if element_bits == 16 else f32_from_bits  # a weight from its bits
+    element_mask = (1 << element_bits) - 1
     rope = rope_head_dim > 0
     paired = swiglu or rope  # an output is a pair of dot products: block rows r and r + rows / 2
-    assert word_elements in (2, 4) and (rows % 2 == 0 or not paired) and not (rope and (swiglu or residual))
+    assert (rows % 2 == 0 or not paired) and not (rope and (swiglu or residual))
     assert not (warp_reduce and SIMULATOR), "the simulator has no warp shuffles: it runs the tree"
     assert threads & (threads - 1) == 0 and rope_head_dim % 2 == 0, (threads, rope_head_dim)
     sums = rows + 1 if norm else rows  # the block reduces rows dot products (and h^2 with norm) per token
@@ -257,15 +262,15 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                                 gains = norm_words[word]
                             for t in range(chunk):
                                 token = min(t0 + t, num_tokens - 1)
-                                for e in range(word_elements):  # little-endian: the low half comes first
+                                for e in range(word_elements):  # little-endian: the low bits come first
                                     x_e = x[token, word_elements * word + e]
                                     if norm:
                                         acc[rows, t] += x_e * x_e
-                                        gain_bits = (gains >> word_type(16 * e)) & word_type(0xFFFF)
-                                        x_e = x_e * bf16_to_f32(np.uint32(gain_bits))
+                                        gain_bits = (gains >> word_type(element_bits * e)) & word_type(element_mask)
+                                        x_e = x_e * decode(np.uint32(gain_bits))
                                     for r in range(rows):
-                                        bits = (words[u, r] >> word_type(16 * e)) & word_type(0xFFFF)
-                                        acc[r, t] += x_e * bf16_to_f32(np.uint32(bits))
+                                        bits = (words[u, r] >> word_type(element_bits * e)) & word_type(element_mask)
+                                        acc[r, t] += x_e * decode(np.uint32(bits))
                 if warp_reduce:  # lane 0 ends with its warp's sums: lanes 0 + 16, then 0 + 8, ..., then 0 + 1
                     for r in range(sums):
                         for t in range(chunk):
@@ -314,8 +319,8 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                         for t in range(min(chunk, num_tokens - t0)):
                             scale = row_scale(_block_total(partial, rows, t, totals), in_features, eps)
                             for k in range(first_k, in_features, cuda.gridDim.x * threads):
-                                gain = bf16_to_f32(np.uint32((norm_words[k // word_elements] >> word_type(
-                                    16 * (k % word_elements))) & word_type(0xFFFF)))
+                                gain = decode(np.uint32((norm_words[k // word_elements] >> word_type(
+                                    element_bits * (k % word_elements))) & word_type(element_mask)))
                                 normed[t0 + t, k] = gain * (x[t0 + t, k] * scale)
                 # The next pass overwrites `partial` only after these reads; a block's last pass (every pass
                 # of a decode step on the GPU: one row group per block, one pass) skips the barrier.
@@ -355,7 +360,7 @@ def gemm_kernel(x, w_bits, out):
         else:
             x_tile[ty, tx] = np.float32(0.0)
         if w_row < out_features and k < in_features:
-            w_tile[ty, tx] = bf16_to_f32(w_bits[w_row, k])
+            w_tile[ty, tx] = weight_to_f32(w_bits[w_row, k])
         else:
             w_tile[ty, tx] = np.float32(0.0)
         cuda.syncthreads()
@@ -426,7 +431,7 @@ def gemm_blocked_kernel(thread_tokens: int = THREAD_TOKENS, thread_features: int
                 x_tile[load_k, m] = value if k_in_range else np.float32(0.0)
             for r in range(load_rows_w):
                 j = load_row + r * LOAD_ROW_STEP
-                value = bf16_to_f32(w_bits[min(n0 + j, out_features - 1), k_clamped])  # decoded once per block
+                value = weight_to_f32(w_bits[min(n0 + j, out_features - 1), k_clamped])  # decoded once per block
                 w_tile[load_k, j] = value if k_in_range else np.float32(0.0)
             cuda.syncthreads()
             for kk in range(np.uint64(BLOCK_K)):
@@ -464,6 +469,7 @@ def sum_splits_kernel(partials, out):
 
 def _check_shapes(x, w_bits, out):
     """Check x [T, K] f32 against W [N, K] u16 and return out [T, N] f32 (allocated if None)."""
+    assert x.dtype == np.float32, f"x is {x.dtype}: these kernels read float32 activations"
     return fused_outputs(x, w_bits, None, None, out).out
 
 
@@ -497,6 +503,7 @@ def gemv_fused(x, w_bits, prologue: RMSNormPrologue | None = None, epilogue=None
     v stored and k, v written into the pools; out not stored). One launch; returns the FusedOutputs written.
     With RopeKVEpilogue the dot products and rotations are rope.rope_qkv's: in the simulator every bit the
     same as the plain launch then rope_qkv."""
+    assert x.dtype == np.float32, f"x is {x.dtype}: gemv_fused reads float32 activations"
     result = fused_outputs(x, w_bits, prologue, epilogue, out)
     _launch_gemv_coalesced(x, w_bits, result, threads, rows, unroll, word_elements, prologue, epilogue, warp_reduce)
     return result
@@ -522,10 +529,12 @@ def _launch_gemv_coalesced(x, w_bits, result: FusedOutputs, threads=None, rows=N
     residual = isinstance(epilogue, ResidualEpilogue)
     rope_head_dim = epilogue.head_dim if isinstance(epilogue, RopeKVEpilogue) else 0
     out_features = w_bits.shape[0] // 2 if paired else w_bits.shape[0]
-    if word_elements is None:
-        word_elements = COALESCED_WORD_ELEMENTS if in_features % COALESCED_WORD_ELEMENTS == 0 else 2
+    element_bits = weight_bits(w_bits.dtype)
+    if word_elements is None:  # 8-byte words where in_features allows, else 4-byte ones
+        word_elements = COALESCED_WORD_ELEMENTS * 16 // element_bits
+        word_elements = word_elements if in_features % word_elements == 0 else word_elements // 2
     assert in_features % word_elements == 0, (
-        f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
+        f"gemv_coalesced reads {word_elements} weights per word: in_features {in_features} is not a multiple")
     chunk = num_tokens if num_tokens <= 2 else COALESCED_PASS_TOKENS
     norm, few = prologue is not None, chunk <= 2  # launch shapes: see COALESCED_ROWS and NORM_THREADS
     if rows is None:
@@ -548,10 +557,10 @@ def _launch_gemv_coalesced(x, w_bits, result: FusedOutputs, threads=None, rows=N
         return
     row_groups = cdiv(out_features, outputs_per_block)
     blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
-    word_type = np.uint32 if word_elements == 2 else np.uint64
+    word_type = np.uint32 if word_elements * element_bits == 32 else np.uint64
     w_words = w_bits.view(word_type)
     kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual, swiglu,
-                                   rope_head_dim, warp_reduce)
+                                   rope_head_dim, warp_reduce, element_bits)
     # unused operands get stand-ins of the right type (a compiled-out branch never touches them)
     out = x if result.out is None else result.out  # RoPE stores q, k, v instead
     norm_words = prologue.weight.view(word_type) if norm else w_words[0]
@@ -644,6 +653,6 @@ def linear(x, w_bits, out=None):
 
 
 def linear_ref(x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
-    """numpy twin: decode W with ml_dtypes, accumulate in float64, round once to float32."""
-    w = w_bits.view(ml_dtypes.bfloat16).astype(np.float64)
+    """numpy twin: W's values (weights_ref), accumulated in float64, rounded once to float32."""
+    w = weights_ref(w_bits).astype(np.float64)
     return (x.astype(np.float64) @ w.T).astype(np.float32)

@@ -365,3 +365,16 @@ def test_demo_gguf_generates_the_demo_greedy_tokens(tmp_path):
     out = llm.generate([golden["input_ids"].tolist()], SamplingParams(temperature=0.0, max_tokens=len(
         golden["greedy_ids"]), ignore_eos=True))[0]
     assert out.token_ids == golden["greedy_ids"].tolist()
+
+
+def test_config_only_commands_take_a_gguf(tmp_path, capsys):
+    """`trace --list` and `--use-generation-config` read the config / generation defaults without loading
+    weights: from the GGUF metadata too."""
+    from tinyvllm.cli import main
+    from tinyvllm.model import read_generation_defaults, read_model_config
+    _demo_as_gguf(tmp_path / "demo.gguf", "F32")
+    assert main(["trace", "--model", str(tmp_path / "demo.gguf"), "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed[0] == "embedding" and "layers.1.output" in listed and listed[-1] == "logits"
+    assert read_model_config(tmp_path).num_hidden_layers == 2
+    assert read_generation_defaults(tmp_path / "demo.gguf").eos_token_ids == (393, 392)

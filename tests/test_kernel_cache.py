@@ -41,8 +41,9 @@ def test_a_users_numba_cache_dir_wins_but_not_one_a_tinyvllm_parent_set(tmp_path
 def test_kernels_are_cached_and_device_functions_are_not():
     from kernels_numba.bf16 import bf16_to_f32, bf16_to_f32_kernel
     assert common.CACHE_KERNELS and bf16_to_f32_kernel in common._KERNELS
+    assert type(bf16_to_f32_kernel._cache).__name__ == "CUDACache"
     assert Path(bf16_to_f32_kernel.stats.cache_path).is_relative_to(kernel_cache_dir())
-    assert not bf16_to_f32.targetoptions.get("cache") and bf16_to_f32 not in common._KERNELS
+    assert type(bf16_to_f32._cache).__name__ == "NullCache" and bf16_to_f32 not in common._KERNELS
 
 
 GENERATE = """

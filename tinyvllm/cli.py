@@ -77,11 +77,23 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(run=bench.run)
 
+    from .serving import cli as serving_cli
+    sv = sub.add_parser("serve", help="serve the model: OpenAI-compatible HTTP API, or --jsonl on stdin/stdout",
+                       description=serving_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serving_cli.add_arguments(sv)
+    sv.set_defaults(run=serving_cli.run)
+
     from .gguf_import import convert
     v = sub.add_parser("convert", help="write a GGUF model as an HF model directory", description=convert.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     convert.add_arguments(v)
     v.set_defaults(run=convert.run)
+
+    from .evaluation import cli as evaluation_cli
+    e = sub.add_parser("eval", help="MMLU / GPQA-diamond accuracy of a model or an OpenAI-compatible server")
+    _engine_args(e)
+    evaluation_cli.add_arguments(e)
+    e.set_defaults(run=evaluation_cli.run, max_num_seqs=32, max_num_batched_tokens=4096)
 
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")

@@ -58,7 +58,8 @@ class LayerWeights:
 
 @dataclass
 class DeviceWeights:
-    """Every weight of the model on the device, as uint16 bf16 bit patterns, uploaded once."""
+    """Every weight of the model on the device, uploaded once, all of one dtype: uint16 bf16 bit patterns, or
+    float32 for a checkpoint with F32 or F16 tensors (tinyvllm.weights; kernels_numba.weight_dtype)."""
     embed_tokens: object
     layers: list[LayerWeights]
     norm: object
