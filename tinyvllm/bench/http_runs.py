@@ -39,7 +39,9 @@ def warm_up_server(cfg: BenchConfig, server: dict, vocab_size: int, log) -> None
     one each step, so every decode batch size compiles its kernels (numba compiles at first launch) before
     the timed runs. Random prompts shorter than a KV block: nothing the workloads could hit in the prefix cache."""
     rng = workload_rng(cfg.seed + 1, "serving")
-    requests = [HttpRequest(random_prompt(rng, WARMUP_PROMPT_LEN, vocab_size), n + 1) for n in range(cfg.max_num_seqs)]
+    room = (server.get("max_model_len") or math.inf) - WARMUP_PROMPT_LEN
+    requests = [HttpRequest(random_prompt(rng, WARMUP_PROMPT_LEN, vocab_size), int(min(n + 1, room)))
+                for n in range(cfg.max_num_seqs)]
     start = time.perf_counter()
     run = run_requests(cfg.base_url, requests, server.get("model"), max_seconds=cfg.max_seconds)
     failed = sum(r is None or not r.ok for r in run.results)
