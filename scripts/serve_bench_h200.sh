@@ -35,8 +35,8 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   RATE=${RATE:-2}; RUN_S=200; MIN_RATIO=0  # the simulator's ratio means nothing
 else
   MODEL=${MODEL:-/tmp/llama-1b-random}
-  [ -f "$MODEL/config.json" ] || python3 -m tinyvllm.random_model "$MODEL" > "$OUT/random_model.log" 2>&1 \
-    || { echo "serve_bench: writing the random model failed"; tail "$OUT/random_model.log"; exit 1; }
+  python3 -c "from pathlib import Path; from tinyvllm.bench import prepare_random_model; prepare_random_model(Path('$MODEL'))" \
+    > "$OUT/random_model.log" 2>&1 || { echo "serve_bench: writing the random model failed"; tail "$OUT/random_model.log"; exit 1; }
   MODEL_ARGS=(--model "$MODEL")
   SIZES=(--num-requests 256 --serving-requests "${SERVING_N:-200}" --min-len 100 --max-len 1024)
   ENGINE=(--max-num-seqs 256 --max-num-batched-tokens 8192 --block-size 16 --max-model-len 2048)
