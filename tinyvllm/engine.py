@@ -28,7 +28,7 @@ from kernels_numba.sampling import argmax, sample, suppress_tokens
 from .block_manager import BlockManager
 from .cuda_graphs import DecodeGraphs, PendingTokens
 from .errors import TinyVLLMError
-from .kv_pool import KVPool, blocks_that_fit
+from .kv_pool import KVPool, default_num_blocks
 from .logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from .metrics import MetricsCollector, RequestMetrics
 from .model import LoadedModel, load_model, log_to_stderr
@@ -40,12 +40,17 @@ from .sequence import Sequence
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
+class InvalidPrompt(TinyVLLMError, ValueError):
+    """A prompt the engine cannot run; the message says why."""
+
+
 @dataclass
 class EngineConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512     # token budget of one step
     block_size: int = 16
-    num_blocks: int | None = None         # None: gpu_memory_fraction of the free GPU memory
+    num_blocks: int | None = None         # None: what max_num_seqs x max_model_len can use, capped by
+    #                                       gpu_memory_fraction of the free GPU memory (kv_pool.default_num_blocks)
     gpu_memory_fraction: float = 0.5
     max_model_len: int | None = None      # None: min(max_position_embeddings, 4096)
     chunked_prefill: bool = True
@@ -169,7 +174,10 @@ class LLMEngine:
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
         c = self.model.config
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
-        num_blocks = config.num_blocks or blocks_that_fit(c, config.block_size, config.gpu_memory_fraction)
+        num_blocks, why = config.num_blocks, "as configured"
+        if num_blocks is None:
+            num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, self.max_model_len,
+                                                 config.enable_prefix_caching, config.gpu_memory_fraction)
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
         self.kv_pool = KVPool(c, num_blocks, config.block_size)
@@ -195,8 +203,8 @@ class LLMEngine:
         self.last_batch: ForwardBatch | None = None
         self.num_steps = 0
         self._in_flight: _InFlight | None = None
-        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB), "
-            f"max model len {self.max_model_len}")
+        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB: "
+            f"{why}), max model len {self.max_model_len}")
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
@@ -235,6 +243,28 @@ class LLMEngine:
             self.scheduler.finish(request.seq)
             request.finish_reason = "abort"
             self._rejected.append(request)
+
+    def release_request(self, request_id: str) -> None:
+        """Forget a finished request whose final output has been read: a long-lived server calls this so its
+        tables stay flat over any number of requests; generate() keeps them (engine.request(id) afterwards)."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return
+        assert request.finish_reason is not None and request not in self._rejected, \
+            f"request {request_id!r} is released before its final output"
+        del self._requests[request_id]
+        if request.seq is not None:
+            self._by_seq_id.pop(request.seq.seq_id, None)
+        self.metrics.forget(request_id)
+
+    def prepare_prompt(self, prompt: str | list[int] | list[dict]) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt as add_request would queue it; raises InvalidPrompt naming what is
+        wrong (empty, unknown ids, longer than the context), for callers that reject a prompt up front."""
+        text, ids, error = self._tokenize(prompt)
+        error = error or self._prompt_error(ids, None)
+        if error is not None:
+            raise InvalidPrompt(error)
+        return text, ids
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished or bool(self._rejected)

@@ -58,9 +58,8 @@ def list_stages(num_layers: int) -> str:
 def run(args, make_engine) -> int:
     from debugger.session import Breakpoint, StageRecord, as_rows, stage_names
     if args.list:
-        from .config import ModelConfig
-        from .model import default_model_dir
-        print(list_stages(ModelConfig.from_model_dir(args.model or default_model_dir()).num_hidden_layers))
+        from .model import read_model_config
+        print(list_stages(read_model_config(args.model).num_hidden_layers))
         return 0
     if not args.stage:
         raise TinyVLLMError("say which stage: --stage NAME (--list shows them)")

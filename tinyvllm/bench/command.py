@@ -64,7 +64,7 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
                 log(f"HF {name}")
                 rows += HF_WORKLOADS[name](hf, workloads, cfg, log)
         del hf
-    wbytes = weight_bytes(c)
+    wbytes = weight_bytes(c, model.weights.embed_tokens.dtype.itemsize)  # bf16 bits or float32
     add_roofline(rows, wbytes, copy)
     report = {
         "format": "tinyvllm-bench/1",

@@ -16,10 +16,11 @@ from .config import BenchConfig, WORKLOADS
 from .engine_runs import synced_clock
 
 
-def weight_bytes(config) -> int:
-    """Bytes of bf16 weights one decode step reads: every tensor once (a tied lm_head is the embedding)."""
+def weight_bytes(config, bytes_per_weight: int = 2) -> int:
+    """Bytes of weights one decode step reads: every tensor once (a tied lm_head is the embedding); 2 bytes a
+    weight for bf16, 4 for an F32 checkpoint's float32."""
     from ..weights import expected_tensor_shapes
-    return sum(2 * math.prod(shape) for shape in expected_tensor_shapes(config).values())
+    return sum(bytes_per_weight * math.prod(shape) for shape in expected_tensor_shapes(config).values())
 
 
 def copy_bandwidth(nbytes: int, repeats: int = 5) -> dict:
@@ -92,7 +93,7 @@ def format_report(report: dict) -> str:
     hf_on = any(r["system"] == "hf" for r in rows)
     m, copy = report["model"], report.get("copy_bandwidth")
     lines = [f"tinyvllm bench: {m['dir']} ({m['layers']} layers, hidden {m['hidden_size']}, "
-             f"{m['weight_bytes'] / 1e9:.4g} GB of bf16 weights) on {report['environment']['device']}"]
+             f"{m['weight_bytes'] / 1e9:.4g} GB of weights) on {report['environment']['device']}"]
     if copy:
         lines.append(f"copy bandwidth {copy['gb_per_s']:.1f} GB/s -> batch-1 decode roofline "
                      f"{copy['gb_per_s'] * 1e9 / m['weight_bytes']:.1f} tok/s")
