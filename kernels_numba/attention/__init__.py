@@ -19,7 +19,9 @@ Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`):
 
 Every paged launcher has the same contract: q [T, n_heads, head_dim], query t of sequence query_seq[t] (a row
 of block_tables) at position query_pos[t] attends to that sequence's keys 0..query_pos[t] in the pools
-(paged_kv's docstring has the layout). Each module's docstring says what its blocks and threads own.
+(paged_kv's docstring has the layout). Each module's docstring says what its blocks and threads own. A variant's
+launch constants (SPLIT_THREADS, GQA_DECODE_KEY_CHUNK, GQA_ROWS, ...) live in its own module and are read at
+launch: override them there (kernels_numba.attention.split_keys.SPLIT_THREADS), not on this package.
 """
 from .contiguous import MAX_HEAD_DIM, attend_to_key, attention, attention_ref, write_kv, write_kv_ref
 from .paged_kv import write_kv_paged, write_kv_paged_ref, paged_attention_ref
