@@ -19,19 +19,21 @@ def references_required() -> bool:
 
 
 def missing_reference(what: str):
-    """End the running test: a skip, or a failure when references are required."""
+    """End the running test (or, at module level, the module): a skip, or a failure when references are
+    required."""
     message = f"{MISSING}: {what}"
     if references_required():
         pytest.fail(f"{message} ({REQUIRE_ENV}=1 makes a missing reference a failure)", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)
 
 
-def require(module: str):
-    """Import and return `module`, an independent reference the running test checks against."""
+def require(module: str, install: str = ""):
+    """Import and return `module`, an independent reference (or the client) the running test or module
+    checks with; `install` says how to get it."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        missing_reference(f"{module} ({e})")
+        missing_reference(f"{module} ({e}){': ' + install if install else ''}")
 
 
 def fail_skipped_imports(report, reason: str) -> None:

@@ -3,8 +3,9 @@ its choice scores against the golden file's HF logits, so the script compares li
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.references import require
+torch = require("torch")
+require("transformers")
 
 from tinyvllm.demo import DEMO_MODEL_DIR  # noqa: E402
 from tinyvllm.evaluation.backends import Failure, LoglikelihoodJob  # noqa: E402
