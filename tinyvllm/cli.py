@@ -77,11 +77,23 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(run=bench.run)
 
+    from .serving import cli as serving_cli
+    sv = sub.add_parser("serve", help="serve the model: OpenAI-compatible HTTP API, or --jsonl on stdin/stdout",
+                       description=serving_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serving_cli.add_arguments(sv)
+    sv.set_defaults(run=serving_cli.run)
+
     from .gguf_import import convert
     v = sub.add_parser("convert", help="write a GGUF model as an HF model directory", description=convert.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     convert.add_arguments(v)
     v.set_defaults(run=convert.run)
+
+    from .evaluation import cli as evaluation_cli
+    e = sub.add_parser("eval", help="MMLU / GPQA-diamond accuracy of a model or an OpenAI-compatible server")
+    _engine_args(e)
+    evaluation_cli.add_arguments(e)
+    e.set_defaults(run=evaluation_cli.run, max_num_seqs=32, max_num_batched_tokens=4096)
 
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
@@ -103,7 +115,8 @@ def _engine_args(p):
     e.add_argument("--max-num-seqs", type=int, default=8, metavar="N", help="sequences in flight per step")
     e.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N", help="token budget per step")
     e.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block")
-    e.add_argument("--num-blocks", type=int, metavar="N", help="KV blocks in the pool (default: from free GPU memory)")
+    e.add_argument("--num-blocks", type=int, metavar="N",
+                   help="KV blocks in the pool (default: max-num-seqs x max-model-len, capped by memory)")
     e.add_argument("--gpu-memory-fraction", type=float, default=0.5, metavar="F",
                    help="share of free GPU memory for the KV pool when --num-blocks is not given")
     e.add_argument("--batching", choices=("continuous", "static"), default="continuous")
