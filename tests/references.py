@@ -34,10 +34,14 @@ def require(module: str):
         missing_reference(f"{module} ({e})")
 
 
-def fail_skipped_imports(report, call) -> None:
-    """With references required, a test that pytest.importorskip skipped is reported as failed."""
-    if references_required() and report.skipped and call.excinfo is not None:
-        reason = str(call.excinfo.value)
-        if reason.startswith(IMPORTORSKIP_PREFIX):
-            report.outcome = "failed"
-            report.longrepr = f"{MISSING}: {reason} ({REQUIRE_ENV}=1 makes a missing reference a failure)"
+def fail_skipped_imports(report, reason: str) -> None:
+    """With references required, a test or module that pytest.importorskip skipped is reported as failed."""
+    if references_required() and report.skipped and reason.startswith(IMPORTORSKIP_PREFIX):
+        report.outcome = "failed"
+        report.longrepr = f"{MISSING}: {reason} ({REQUIRE_ENV}=1 makes a missing reference a failure)"
+
+
+def skip_reason(longrepr) -> str:
+    """A skip report's reason: its longrepr is (path, line, "Skipped: reason")."""
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")

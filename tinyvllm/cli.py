@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(run=bench.run)
 
+    from .serving import cli as serving_cli
+    sv = sub.add_parser("serve", help="serve the model: OpenAI-compatible HTTP API, or --jsonl on stdin/stdout",
+                       description=serving_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serving_cli.add_arguments(sv)
+    sv.set_defaults(run=serving_cli.run)
+
     from .gguf_import import convert
     v = sub.add_parser("convert", help="write a GGUF model as an HF model directory", description=convert.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -257,11 +257,12 @@ class LLMEngine:
             self._by_seq_id.pop(request.seq.seq_id, None)
         self.metrics.forget(request_id)
 
-    def prepare_prompt(self, prompt: str | list[int] | list[dict]) -> tuple[str | None, list[int]]:
+    def prepare_prompt(self, prompt: str | list[int] | list[dict],
+                       params: SamplingParams | None = None) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt as add_request would queue it; raises InvalidPrompt naming what is
         wrong (empty, unknown ids, longer than the context), for callers that reject a prompt up front."""
         text, ids, error = self._tokenize(prompt)
-        error = error or self._prompt_error(ids, None)
+        error = error or self._prompt_error(ids, params or self.default_params)
         if error is not None:
             raise InvalidPrompt(error)
         return text, ids

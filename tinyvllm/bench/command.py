@@ -26,6 +26,9 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
     t0 = time.perf_counter()
     log = log or (lambda message: print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr,
                                         flush=True))
+    if cfg.base_url:
+        from .http_runs import run_http_bench
+        return run_http_bench(cfg, log)
     if cfg.compare == "hf":
         check_hf_available(cfg.hf_device)
     from kernels_numba.common import SIMULATOR

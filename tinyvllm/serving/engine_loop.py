@@ -178,14 +178,19 @@ class EngineLoop:
     def alive(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
-    def stop(self, timeout: float | None = None) -> None:
+    def begin_stop(self, timeout: float | None = None) -> None:
         """Stop accepting; let the requests in flight finish for up to `timeout` seconds (None: until they
-        are done), then abort the rest (their sinks see finish_reason "abort"); wait for the thread."""
+        are done), then abort the rest (their sinks see finish_reason "abort"); the thread then ends."""
         with self._cond:
             self._accepting = False
             self._stopping = True
-            self._deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+            deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+            self._deadline = min(self._deadline, deadline)
             self._cond.notify_all()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """begin_stop(timeout), and wait for the thread to end."""
+        self.begin_stop(timeout)
         if self._thread is not None:
             self._thread.join()
 
