@@ -19,11 +19,20 @@ from .backends import Failure, LoglikelihoodJob, OnDone
 def load_hf_model(model_dir: str | Path, device: str, dtype: str = "float32", round_to_bf16: bool = True):
     """LlamaForCausalLM on `device`: float32 eager attention (goldens/hf_reference.py's reference) or bf16
     sdpa (the benchmark baseline, tinyvllm/bench's). `round_to_bf16`: weights rounded to bf16 values first,
-    as tinyvllm stores them (a no-op for a bf16 checkpoint)."""
+    as tinyvllm stores them (a no-op for a bf16 checkpoint). A .gguf (or a directory holding one) is read by
+    transformers' own GGUF code (goldens/hf_gguf.py; needs the repository root on sys.path)."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, LlamaForCausalLM
+
+    from ..gguf_import import find_gguf_file
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    gguf_file = find_gguf_file(model_dir)
+    if gguf_file is not None:  # transformers reads and dequantizes the GGUF itself: an independent import
+        from goldens.hf_gguf import load_hf_gguf_model
+        model = load_hf_gguf_model(gguf_file, "cpu", bf16_weights=round_to_bf16).to(torch_dtype)
+        model.config._attn_implementation = "eager" if dtype == "float32" else "sdpa"
+        return model.to(device).eval()
     config = AutoConfig.from_pretrained(model_dir)
     config._attn_implementation = "eager" if dtype == "float32" else "sdpa"
     try:
