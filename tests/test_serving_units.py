@@ -10,6 +10,7 @@ from pydantic import ValidationError  # noqa: E402
 from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.model import load_model
 from tinyvllm.serving.app import create_app
+from tinyvllm.serving.cli import STATIC_DIR
 from tinyvllm.serving.context import ServingContext
 from tinyvllm.serving.detokenizer import IncrementalDetokenizer
 from tinyvllm.serving.engine_loop import EngineLoop
@@ -97,10 +98,10 @@ def test_logprobs_in_both_openai_shapes(model):
 @pytest.fixture
 def idle_app(model):
     """An app over an engine loop that was never started: nothing it accepts will run."""
-    def make(**options):
+    def make(static_dir=None, **options):
         engine = LLMEngine(model, EngineConfig(num_blocks=16, block_size=4), log=quiet)
         loop = EngineLoop(engine, max_waiting=options.pop("max_waiting", 0), log=quiet)
-        return TestClient(create_app(ServingContext.create(loop, "demo", **options)))
+        return TestClient(create_app(ServingContext.create(loop, "demo", **options), static_dir=static_dir))
     return make
 
 
@@ -123,3 +124,15 @@ def test_the_api_key_guards_the_api_but_not_health_or_metrics(idle_app):
     # the right key gets through to the (full) queue
     assert client.post("/v1/completions", json=body, headers={"Authorization": "Bearer sesame"}).status_code == 503
     assert client.get("/metrics").status_code == 200 and client.get("/version").status_code == 200
+
+
+@pytest.mark.parametrize("with_page", [True, False])
+def test_unknown_api_routes_are_404_and_wrong_methods_405_beside_the_web_page(idle_app, with_page):
+    client = idle_app(static_dir=STATIC_DIR if with_page else None)
+    for method, path, status in [("POST", "/v1/nowhere", 404), ("GET", "/v1/chat", 404),
+                                 ("DELETE", "/v1/completions", 405), ("GET", "/v1/chat/completions", 405)]:
+        r = client.request(method, path)
+        assert r.status_code == status and r.json()["error"]["code"] == status, (method, path, r.text)
+    index = client.get("/")
+    assert index.status_code == 200
+    assert index.headers["content-type"].startswith("text/html" if with_page else "application/json")

@@ -91,6 +91,17 @@ def create_app(ctx: ServingContext, static_dir: str | Path | None = None) -> Fas
         loop = ctx.engine_loop
         return ctx.live_stats.snapshot(loop.state, ctx.model_name, time.time() - ctx.started, loop.num_in_flight)
 
+    api_paths = {route.path for route in openai_api.router.routes}
+
+    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+                   include_in_schema=False)
+    async def unknown_api_route(request: Request, rest: str):
+        # before the static files' catch-all mount, which would answer 405 to any POST
+        path = request.url.path
+        if path in api_paths:
+            raise ApiError(405, f"{request.method} is not allowed on {path}")
+        raise ApiError(404, f"no route {request.method} {path}")
+
     if static_dir is not None and (Path(static_dir) / "index.html").is_file():
         from fastapi.staticfiles import StaticFiles
         app.mount("/", StaticFiles(directory=static_dir, html=True), name="static")

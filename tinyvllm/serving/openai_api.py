@@ -84,10 +84,10 @@ async def create_completion(body: CompletionRequest, request: Request):
     extra = logprobs.sampling_fields(body.logprobs, with_prompt=body.echo)
     prepared = [ctx.inputs.prepare_prompt(p, "prompt") for p in body.prompts()]
     params = [ctx.inputs.sampling_params(body, len(ids), body.max_tokens, **extra) for _, ids in prepared]
+    prompt_texts = [text if isinstance(p, str) else ctx.tokenizer.decode(ids)  # what echo puts first
+                    for p, (text, ids) in zip(body.prompts(), prepared)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     group = ctx.open([ids for _, ids in prepared], params, request_id)
-    prompt_texts = [text if isinstance(p, str) else ctx.tokenizer.decode(ids)
-                    for p, (text, ids) in zip(body.prompts(), prepared)]
     token_text = logprobs.TokenText(ctx.tokenizer.decode)
     model = ctx.model_name
 
