@@ -88,6 +88,8 @@ def test_jsonl_loop_answers_every_line_streams_deltas_and_exits_0_at_eof():
              json.dumps({"id": "a", "prompt": "again", **greedy}),   # "a" is still running
              json.dumps({"id": "c", "prompt": "x", "temprature": 1})]
     proc = serve("--jsonl", "--stream", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    offline = LLM(num_blocks=64, block_size=4, log=lambda m: None).generate(  # while the server starts
+        ["The sun rose", CHAT], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     out, err = proc.communicate("\n".join(lines) + "\n", timeout=600)
     assert proc.returncode == 0, err
     records = [json.loads(line) for line in out.splitlines()]  # stdout holds JSON lines only
@@ -99,8 +101,6 @@ def test_jsonl_loop_answers_every_line_streams_deltas_and_exits_0_at_eof():
     assert len(errors) == 4
     results = {r["id"]: r for r in records if r.get("finished")}
     assert set(results) == {"a", 4}
-    offline = LLM(num_blocks=64, block_size=4, log=lambda m: None).generate(
-        ["The sun rose", CHAT], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     for key, expected in zip(["a", 4], offline):
         result = results[key]
         assert (result["token_ids"], result["text"], result["finish_reason"]) == (expected.token_ids, expected.text,
