@@ -15,6 +15,11 @@ instruction as inline assembly (llvmlite ir.InlineAsm, as numba-cuda's own cache
   i, row lane // 4, columns 2 (lane % 4) and + 1, packed, in register i: exactly an mma fragment. With
   lanes 0-15 naming rows 0-15 at column k and lanes 16-31 the same rows at k + 8 it returns a0..a3 of a
   16x16 tile of A; from a weight tile W[n][k] (= B in "col" layout), b0 and b1 of two 8-column tiles.
+- `ldmatrix_x4_trans(smem, s, r, c)`: the same with each 8x8 matrix transposed: lane 4g + t gets column g,
+  rows 2t and 2t + 1. From a tile stored [k][n] (V in attention: [key][dim]) with the A pattern of lane
+  addresses it returns b0, b1 of two 8-column tiles, as ldmatrix_x4 does from one stored [n][k].
+- `shfl_xor(value, lane_mask)`: the value of lane `lane ^ lane_mask` (shfl.sync.bfly; the four lanes of a
+  quad share an mma row: lane masks 1 and 2 reduce over them).
 - `cp_async_16(smem, s, r, c, gmem, gr, gc, src_bytes)`: cp.async.cg.shared.global, 16 bytes (8 bf16) from
   gmem[gr, gc:gc+8] to smem[s, r, c:c+8] without passing through registers; src_bytes 0 fills zeros
   instead (tile edges). `cp_async_commit()` closes a group of copies, `cp_async_wait_group(n)` makes the
@@ -35,9 +40,10 @@ import threading
 
 import numpy as np
 
-from .common import SIMULATOR, jit
+from .common import SIMULATOR, cuda, jit
 
 WARP = 32
+FULL_WARP = 0xFFFFFFFF
 
 
 @jit(device=True)
@@ -96,6 +102,28 @@ if not SIMULATOR:
                                       [builder.extract_value(result, k) for k in range(4)])
 
         return sig, codegen
+
+    @intrinsic
+    def ldmatrix_x4_trans(typingctx, smem, s, r, c):
+        _check_array("ldmatrix_x4_trans", smem, 3)
+        sig = types.UniTuple(types.uint32, 4)(smem, s, r, c)
+
+        def codegen(context, builder, signature, args):
+            pointer = _element_pointer(context, builder, signature.args[0], args[0], signature.args[1:], args[1:])
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [pointer.type])
+            asm = ir.InlineAsm(fnty, "{ .reg .u64 sa; .reg .u32 sa32; cvta.to.shared.u64 sa, $4; cvt.u32.u64 sa32, sa; "
+                                     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [sa32]; }",
+                               "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            result = builder.call(asm, [pointer])
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(result, k) for k in range(4)])
+
+        return sig, codegen
+
+    @jit(device=True)
+    def shfl_xor(value, lane_mask):
+        return cuda.shfl_xor_sync(FULL_WARP, value, lane_mask)
 
     @intrinsic
     def cp_async_16(typingctx, smem, s, r, c, gmem, gr, gc, src_bytes):
@@ -250,6 +278,23 @@ else:
             s_i, r_i, c_i = rows[8 * matrix + lane // 4]
             registers.append(pack_bf16x2(smem[s_i, r_i, c_i + column], smem[s_i, r_i, c_i + column + 1]))
         return registers[0], registers[1], registers[2], registers[3]
+
+    def ldmatrix_x4_trans(smem, s, r, c):
+        lane, meeting, thread = _meeting()
+        phase = meeting.meet(lane, (s, r, c), thread)
+        rows = meeting.operands[phase]
+        column = lane // 4
+        registers = []
+        for matrix in range(4):  # this lane's column of each matrix, rows 2 (lane % 4) and + 1
+            s_0, r_0, c_0 = rows[8 * matrix + 2 * (lane % 4)]
+            s_1, r_1, c_1 = rows[8 * matrix + 2 * (lane % 4) + 1]
+            registers.append(pack_bf16x2(smem[s_0, r_0, c_0 + column], smem[s_1, r_1, c_1 + column]))
+        return registers[0], registers[1], registers[2], registers[3]
+
+    def shfl_xor(value, lane_mask):
+        lane, meeting, thread = _meeting()
+        phase = meeting.meet(lane, value, thread)
+        return meeting.operands[phase][lane ^ lane_mask]
 
     def cp_async_16(smem, s, r, c, gmem, gr, gc, src_bytes):
         if src_bytes:

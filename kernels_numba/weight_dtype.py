@@ -11,14 +11,15 @@ several weights) cut `weight_bits(dtype)` bits per weight and decode them with b
 import numpy as np
 
 from .bf16 import bf16_to_f32, bf16_to_f32_ref
-from .common import SIMULATOR, jit
+from .common import SIMULATOR, host_version, jit
 
 WEIGHT_DTYPES = (np.dtype(np.uint16), np.dtype(np.float32))
 
 
 def weight_to_f32(w):
-    """One weight element as float32 (plain Python: the simulator's and the numpy twins' version)."""
-    return bf16_to_f32(w) if type(w) is np.uint16 else np.float32(w)
+    """One weight element as float32 (plain Python: the simulator's and the numpy twins' version; on a GPU the
+    overload below stands in for it inside kernels, and this body runs on the host only)."""
+    return host_version(bf16_to_f32)(w) if type(w) is np.uint16 else np.float32(w)
 
 
 if not SIMULATOR:

@@ -173,9 +173,13 @@ def main() -> int:
     engine_rows = [] if args.no_engine else timed("tinyvllm engine vs HF", lambda: engine_check(
         gguf_file, prompt_ids, hf, hf_stages, hf_greedy, rtol, args))
     del hf
-    ok = (weights["bit_equal_after_bf16"] == weights["tensors"] and tokenizer["prompt_ids_equal"]
-          and all(r["stages_passed"] and r["greedy_agree"] == r["greedy_total"] for r in numpy_rows)
-          and all(r["stages_passed"] == r["stages"] and r["greedy_agree"] == r["greedy_total"] for r in engine_rows))
+    verdicts = {
+        "weights": weights["bit_equal_after_bf16"] == weights["tensors"],
+        "tokenizer (prompt ids)": tokenizer["prompt_ids_equal"] and tokenizer["chat_template_equal"],
+        "numpy forward": all(r["stages_passed"] and r["greedy_agree"] == r["greedy_total"] for r in numpy_rows),
+        "engine": all(r["stages_passed"] == r["stages"] and r["greedy_agree"] == r["greedy_total"]
+                      for r in engine_rows) if engine_rows else None}
+    ok = all(v is not False for v in verdicts.values())
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.hf_device != "cpu" else "CPU"
     lines = [f"# tinyvllm vs HF transformers on a GGUF ({device})", "",
              f"Model: {gguf_file.name} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
@@ -202,6 +206,8 @@ def main() -> int:
                      f"{r['logits_rel']:.2e} | {r['greedy_agree']}/{r['greedy_total']} |")
     lines += ["", "HF's greedy continuations:"] + [f"- prompt {p}: {t!r}" for p, t in enumerate(texts)]
     lines += ["", "Wall time (s): " + ", ".join(f"{k}: {v:.1f}" for k, v in timings.items()), "",
+              "Checks: " + ", ".join(f"{k} {'skipped' if v is None else 'PASS' if v else 'FAIL'}"
+                                     for k, v in verdicts.items()),
               "Result: " + ("PASS" if ok else "FAIL")]
     report = "\n".join(lines)
     print(report)

@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tests.references import fail_skipped_imports
+from tests.references import fail_skipped_imports, skip_reason
 
 pytest_plugins = ["pytester"]  # tests/test_references.py runs small suites of its own
 
@@ -25,4 +25,14 @@ def rng(request):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    fail_skipped_imports(outcome.get_result(), call)
+    report = outcome.get_result()
+    if report.skipped:
+        fail_skipped_imports(report, skip_reason(report.longrepr))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped:
+        fail_skipped_imports(report, skip_reason(report.longrepr))

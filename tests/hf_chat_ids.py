@@ -4,12 +4,9 @@ tokenizer.json and tokenizer_config.json (its chat template). The template write
 a second.
 
 `assert_runs_hf_chat_ids(prompt_ids_of)` is for every path a conversation can take into the engine (LLM,
-`generate --chat`, a JSONL `messages` line, ...): `prompt_ids_of(conversations)` runs them through that path
-and returns the prompt token ids the engine ran for each, e.g. RequestOutput.prompt_token_ids.
-
-TODO(server): the server's chat endpoint test should call assert_runs_hf_chat_ids with a `prompt_ids_of` that
-posts each conversation to /v1/chat/completions (the official `openai` client) and returns the prompt ids the
-engine ran for it (RequestOutput.prompt_token_ids of the request the server queued).
+`generate --chat`, a JSONL `messages` line: tests/test_chat_ids.py; the server's /v1/chat/completions:
+tests/test_serving_http.py): `prompt_ids_of(conversations)` runs them through that path and returns the prompt
+token ids the engine ran for each, e.g. RequestOutput.prompt_token_ids.
 """
 from functools import lru_cache
 

@@ -19,25 +19,31 @@ def references_required() -> bool:
 
 
 def missing_reference(what: str):
-    """End the running test: a skip, or a failure when references are required."""
+    """End the running test (or, at module level, the module): a skip, or a failure when references are
+    required."""
     message = f"{MISSING}: {what}"
     if references_required():
         pytest.fail(f"{message} ({REQUIRE_ENV}=1 makes a missing reference a failure)", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)
 
 
-def require(module: str):
-    """Import and return `module`, an independent reference the running test checks against."""
+def require(module: str, install: str = ""):
+    """Import and return `module`, an independent reference (or the client) the running test or module
+    checks with; `install` says how to get it."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        missing_reference(f"{module} ({e})")
+        missing_reference(f"{module} ({e}){': ' + install if install else ''}")
 
 
-def fail_skipped_imports(report, call) -> None:
-    """With references required, a test that pytest.importorskip skipped is reported as failed."""
-    if references_required() and report.skipped and call.excinfo is not None:
-        reason = str(call.excinfo.value)
-        if reason.startswith(IMPORTORSKIP_PREFIX):
-            report.outcome = "failed"
-            report.longrepr = f"{MISSING}: {reason} ({REQUIRE_ENV}=1 makes a missing reference a failure)"
+def fail_skipped_imports(report, reason: str) -> None:
+    """With references required, a test or module that pytest.importorskip skipped is reported as failed."""
+    if references_required() and report.skipped and reason.startswith(IMPORTORSKIP_PREFIX):
+        report.outcome = "failed"
+        report.longrepr = f"{MISSING}: {reason} ({REQUIRE_ENV}=1 makes a missing reference a failure)"
+
+
+def skip_reason(longrepr) -> str:
+    """A skip report's reason: its longrepr is (path, line, "Skipped: reason")."""
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")

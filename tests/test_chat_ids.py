@@ -52,8 +52,7 @@ def engine_outputs(monkeypatch):
 
 def generate_command(capsys, *argv):
     code = main(["generate", *argv, "--max-tokens", "1", "--num-blocks", "64", "--quiet-metrics"])
-    out, err = capsys.readouterr()
-    assert code == 0, err
+    assert code == 0, capsys.readouterr().err
 
 
 def test_generate_chat_runs_transformers_chat_ids(capsys, engine_outputs):

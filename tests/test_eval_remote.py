@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-fastapi = pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+from tests.references import require
+fastapi = require("fastapi")
+uvicorn = require("uvicorn")
 
 from tinyvllm.cli import main  # noqa: E402
 from tinyvllm.demo import DEMO_MODEL_DIR  # noqa: E402

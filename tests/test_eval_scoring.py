@@ -136,3 +136,37 @@ def test_generative_run_parses_letters(monkeypatch):
     assert [r.status for r in run.results] == ["unparseable", "ok"] * 3
     assert [r.prediction for r in run.results] == [None, C] * 3 and run.results[1].response == "The best answer is C."
     assert task_summary(run, config)["num_unparseable"] == 3
+
+
+def test_histogram_png_with_matplotlib(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is optional: without it eval writes no PNG (says so)")
+    tiny_task(monkeypatch)
+    config = EvalConfig(mode="generative", max_gen_tokens=4, max_context=400)
+    prepared = prepare_task("mmlu", config, FakeTokenizer())
+    run = run_task(prepared, list(range(6)), config, FakeBackend(), FakeTokenizer())
+    report = {"backend": "fake", "command": "tinyvllm eval", "config": {"max_context": 400}, "selection": "all",
+              "tasks": {"mmlu": task_summary(run, config)}}
+    written = write_report(report, [run], tmp_path, plot=True, log=print)
+    png = tmp_path / "lengths_mmlu.png"
+    assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_no_png_without_matplotlib_says_so(monkeypatch, tmp_path):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    tiny_task(monkeypatch)
+    config = EvalConfig()
+    prepared = prepare_task("mmlu", config, FakeTokenizer())
+    run = run_task(prepared, list(range(6)), config, FakeBackend(), FakeTokenizer())
+    report = {"backend": "fake", "command": "c", "config": {"max_context": 4096}, "selection": "all",
+              "tasks": {"mmlu": task_summary(run, config)}}
+    notices = []
+    written = write_report(report, [run], tmp_path, plot=True, log=notices.append)
+    assert not list(tmp_path.glob("*.png")) and len(written) == 3
+    assert notices == ["matplotlib is not installed: no PNG histograms (the text ones are in summary.txt)"]

@@ -16,8 +16,9 @@ from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens, check_goldens
 from tinyvllm.model import load_model
 from tinyvllm.weights import load_weights
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.references import require
+require("torch")
+require("transformers")
 from goldens.hf_reference import capture_stages, greedy_continuation, load_hf_model  # noqa: E402
 
 GREEDY_TOKENS = 8

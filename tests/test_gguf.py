@@ -21,6 +21,7 @@ from tinyvllm.gguf_import.checkpoint import SUPPORTED_TYPES, permute_rope_rows, 
 from tinyvllm.gguf_import.convert import convert
 from tinyvllm.weights import expected_tensor_shapes
 from tests.gguf_files import GGUFTokenizer, byte_level_gguf_tokenizer, write_llama_gguf
+from tests.references import require
 
 BF16_ROUNDING = 2.0**-8  # |bf16(x) - x| <= 2^-8 |x|: 8 significant bits, round to nearest
 
@@ -56,7 +57,12 @@ def _trained_byte_level_tokenizer() -> Tokenizer:
                                                   ("<|endoftext|>", "<|im_start|>", "<|im_end|>")],
                                   show_progress=False)
     tok.train_from_iterator([PROSE], trainer)
-    return tok
+    # One merge of two digits, which only "smollm"'s digit split keeps from ever applying (SmolLM2's own
+    # merges join no digits, so without it a loader that forgot the split would still pass).
+    spec = json.loads(tok.to_str())
+    spec["model"]["vocab"]["12"] = len(spec["model"]["vocab"])
+    spec["model"]["merges"].append(["1", "2"])
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
@@ -178,7 +184,7 @@ def test_byte_level_tokenizer_matches_the_one_it_was_written_from(tmp_path, rng,
 def test_sentencepiece_tokenizer_matches_sentencepiece(tmp_path, rng):
     """A Llama-2-style vocabulary: sentencepiece BPE with byte fallback, stored as llama.cpp's converter
     stores it (pieces, scores, types, no merges). Encodes as sentencepiece itself does, with bos."""
-    spm = pytest.importorskip("sentencepiece", reason="sentencepiece is not installed")
+    spm = require("sentencepiece", "pip install -e '.[gguf-tests]'")
     import io
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(PROSE.splitlines()), model_writer=model, model_type="bpe",
@@ -295,7 +301,7 @@ def test_convert_writes_an_hf_directory_that_loads_the_same(tmp_path, rng, byte_
     assert tokenizer.chat_template == CHATML
     for text in TEXTS:
         assert tokenizer.encode(text) == files.tokenizer().encode(text)
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    transformers = require("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(out)  # what goldens/make_goldens.py reads
     for text in TEXTS:
         assert hf(text)["input_ids"] == tokenizer.encode(text), text

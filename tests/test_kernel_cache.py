@@ -46,14 +46,21 @@ def test_kernels_are_cached_and_device_functions_are_not():
     assert type(bf16_to_f32._cache).__name__ == "NullCache" and bf16_to_f32 not in common._KERNELS
 
 
+# The engine's kernels, and the tensor-core GEMM, whose kernel calls mma.py's @intrinsic inline-PTX functions.
 GENERATE = """
 import json
-from kernels_numba.common import kernel_cache_stats
+import numpy as np
+from kernels_numba.common import cuda, kernel_cache_stats
+from kernels_numba.gemm_tc import gemm_tc
 from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.sampling_params import SamplingParams
 engine = LLMEngine(None, EngineConfig(max_model_len=64), log=lambda message: None)
 out = engine.generate(["The sun rose", "Hi"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-print(json.dumps({"tokens": [o.token_ids for o in out], "stats": kernel_cache_stats()}))
+rng = np.random.default_rng(0)
+x = rng.standard_normal((64, 64)).astype(np.float32)
+w = rng.integers(0x3C00, 0x3F00, (64, 64)).astype(np.uint16)
+y = gemm_tc(cuda.to_device(x), cuda.to_device(w)).copy_to_host()
+print(json.dumps({"tokens": [o.token_ids for o in out], "gemm_tc": y.sum().item(), "stats": kernel_cache_stats()}))
 """
 
 
@@ -71,7 +78,7 @@ def test_a_second_process_loads_every_kernel_the_first_compiled(tmp_path):
     compiled, loaded = first["stats"]
     assert compiled > 10 and loaded == 0
     assert second["stats"] == [0, compiled], "every kernel the first process compiled is loaded, none compiled"
-    assert second["tokens"] == first["tokens"]
+    assert second["tokens"] == first["tokens"] and second["gemm_tc"] == first["gemm_tc"]
     assert list((tmp_path / "tinyvllm" / "numba").iterdir())
 
 

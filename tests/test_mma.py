@@ -6,7 +6,7 @@ import pytest
 
 from kernels_numba.common import SHARED_ALIGN, cuda, jit
 from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, ldmatrix_x4,
-                               load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2)
+                               ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2, shfl_xor)
 from tests.helpers import poisoned
 
 WARPS = 2  # warps per block: each warp's lanes must meet their own warp, not the other's
@@ -109,6 +109,50 @@ def test_ldmatrix_x4_hands_each_lane_its_mma_fragments(rng):
         for warp in range(WARPS):
             np.testing.assert_array_equal(got_a[warp, lane], want_a, err_msg=f"A, lane {lane}")
             np.testing.assert_array_equal(got_b[warp, lane], want_b, err_msg=f"B, lane {lane}")
+
+
+@jit
+def ldmatrix_trans_and_shuffle_kernel(v, regs, shuffled):
+    """ldmatrix_x4_trans from V stored [key][dim] (stage 0, rows padded to 24) with the A pattern of addresses
+    (lanes 0-15 keys 0-15 at dim 8, lanes 16-31 the same keys at dim 16); then three shuffles of a per-lane value."""
+    v_tile = cuda.shared.array((1, 16, 24), np.uint16, alignment=SHARED_ALIGN)
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    warp = tid // 32
+    for i in range(tid, 16 * 24, cuda.blockDim.x):
+        v_tile[0, i // 24, i % 24] = v[i // 24, i % 24]
+    cuda.syncthreads()
+    r0, r1, r2, r3 = ldmatrix_x4_trans(v_tile, 0, lane % 16, 8 + 8 * (lane // 16))
+    regs[warp, lane, 0] = r0
+    regs[warp, lane, 1] = r1
+    regs[warp, lane, 2] = r2
+    regs[warp, lane, 3] = r3
+    value = np.float32(100 * warp + 1.5 * lane)
+    shuffled[warp, lane, 0] = shfl_xor(value, 1)
+    shuffled[warp, lane, 1] = shfl_xor(value, 2)
+    shuffled[warp, lane, 2] = shfl_xor(value, 17)
+
+
+def test_ldmatrix_x4_trans_and_shfl_xor(rng):
+    """V = v[:, 8:24] ([key][dim]) is B = V ([k][n]): lane 4g + t gets b0, b1 of dims 0-7 (V[2t..2t+1][g],
+    V[2t+8..2t+9][g]) and of dims 8-15. shfl_xor(x, m): lane l gets lane l ^ m's x, within its own warp."""
+    v = _bf16_bits(rng, (16, 24))
+    regs = cuda.to_device(np.full((WARPS, 32, 4), POISON_U32))
+    shuffled = poisoned((WARPS, 32, 3), np.float32)
+    ldmatrix_trans_and_shuffle_kernel[1, 32 * WARPS](cuda.to_device(v), regs, shuffled)
+    got, got_shuffled = regs.copy_to_host(), shuffled.copy_to_host()
+    V = v[:, 8:]
+
+    def column_pair(key, dim):
+        return np.uint32(V[key, dim]) | (np.uint32(V[key + 1, dim]) << np.uint32(16))
+
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        want = [column_pair(2 * t, g), column_pair(2 * t + 8, g), column_pair(2 * t, 8 + g), column_pair(2 * t + 8, 8 + g)]
+        for warp in range(WARPS):
+            np.testing.assert_array_equal(got[warp, lane], want, err_msg=f"lane {lane}")
+            want_shuffled = [100 * warp + 1.5 * (lane ^ m) for m in (1, 2, 17)]
+            np.testing.assert_array_equal(got_shuffled[warp, lane], want_shuffled)
 
 
 wait_one = cp_async_wait_group(1)

@@ -10,12 +10,14 @@ import time
 
 import pytest
 
-openai = pytest.importorskip("openai", reason="the serving tests' client: pip install -e '.[test-serving]'")
+from tests.references import require
+openai = require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
 import httpx  # noqa: E402  (installed with openai)
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.model import load_model
+from tests.hf_chat_ids import CONVERSATIONS, assert_runs_hf_chat_ids
 from tests.serving_helpers import ENGINE_OPTIONS, MODEL_NAME, quiet, start_server
 
 MAX_TOKENS = 4
@@ -89,6 +91,19 @@ def test_chat_equals_offline_streamed_or_not(server, offline):
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].usage.completion_tokens == MAX_TOKENS and chunks[-1].usage.prompt_tokens == len(
         expected.prompt_token_ids)
+
+
+def test_chat_runs_transformers_chat_ids(server):
+    """The server renders and tokenizes a conversation itself (ServingContext.inputs): the ids it queues are
+    transformers' apply_chat_template ids, one BOS (tests/hf_chat_ids.py)."""
+    client = server.openai()
+
+    def prompt_ids_of(conversations):
+        replies = [client.chat.completions.create(model=MODEL_NAME, messages=c, temperature=0, max_tokens=1,
+                                                  extra_body={"return_token_ids": True}) for c in conversations]
+        assert all(r.usage.prompt_tokens == len(r.prompt_token_ids) for r in replies)  # what the engine ran
+        return [r.prompt_token_ids for r in replies]
+    assert_runs_hf_chat_ids(prompt_ids_of, CONVERSATIONS[:1])  # system, three turns, trimmed whitespace
 
 
 def test_six_concurrent_streaming_clients_all_get_their_offline_tokens(server, offline):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="the serving tests' client: pip install -e '.[test-serving]'")
+from tests.references import require
+httpx = require("httpx", "the serving tests' client: pip install -e '.[test-serving]'")
 
 from tinyvllm import LLM, SamplingParams
 

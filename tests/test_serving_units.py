@@ -2,7 +2,8 @@
 the API key, a full queue and a dead engine loop (an app over a loop that is not running)."""
 import pytest
 
-pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx: pip install -e '.[test-serving]'")
+from tests.references import require
+require("httpx", "FastAPI's TestClient needs it: pip install -e '.[test-serving]'")
 from fastapi.testclient import TestClient  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 

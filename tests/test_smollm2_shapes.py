@@ -26,12 +26,12 @@ def test_projections(rng, in_features):
 def test_gemm_blocked_and_fused_norm_gemv(rng):
     matmul_tests.test_gemm_matches_ref(rng, 3, HIDDEN)
     matmul_tests.test_gemm_blocked_matches_ref(rng, 9, HIDDEN, 45)     # the GPU's prefill GEMM
-    matmul_tests.test_gemv_rmsnorm_matches_rmsnorm_then_linear(rng, 1, HIDDEN)
+    matmul_tests.test_gemv_fused_rmsnorm_matches_rmsnorm_then_linear(rng, 1, HIDDEN)
 
 
 def test_fused_qkv_rope_gemv(rng):
     """q|k|v = 960 rows of 576, RoPE on 9 + 3 heads of 64 and the K/V write: the decode layer's first launch."""
-    matmul_tests.test_gemv_rmsnorm_rope_matches_norm_linear_rope_and_the_pool_writes(rng, 1, HEADS, KV_HEADS,
+    matmul_tests.test_gemv_fused_rmsnorm_rope_matches_norm_linear_rope_and_the_pool_writes(rng, 1, HEADS, KV_HEADS,
                                                                                      HEAD_DIM, HIDDEN)
 
 

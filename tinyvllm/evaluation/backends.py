@@ -13,7 +13,7 @@ while the prompt's blocks are still in the prefix cache, and memory stays flat o
 """
 from __future__ import annotations
 
-import itertools
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,10 +62,11 @@ def next_token_logprobs(output, token_ids: tuple[int, ...]) -> dict[int, float]:
 class EngineBackend:
     name = "engine"
 
-    def __init__(self, engine, window: int | None = None):
+    def __init__(self, engine, window: int | None = None, deadline: float | None = None):
+        """`deadline` (time.perf_counter()): jobs not yet started then are not run (a benchmark's time cap)."""
         self.engine = engine
         self.window = window or 4 * engine.config.max_num_seqs
-        self._ids = itertools.count()
+        self.deadline = deadline
 
     def loglikelihoods(self, jobs: list[LoglikelihoodJob], on_done: OnDone) -> None:
         tries = [ContinuationTrie(job.continuations) for job in jobs]
@@ -74,10 +75,10 @@ class EngineBackend:
         owners: dict[str, tuple[int, tuple[int, ...]]] = {}
 
         def submit(j: int, prefix: tuple[int, ...]) -> None:
-            request_id = f"eval-{next(self._ids)}"
+            # the engine names it: ids stay unique over every task run on one engine
+            request_id = self.engine.add_request(jobs[j].prompt_ids + list(prefix),
+                                                 next_token_params(tries[j].nodes[prefix]))
             owners[request_id] = (j, prefix)
-            self.engine.add_request(jobs[j].prompt_ids + list(prefix), next_token_params(tries[j].nodes[prefix]),
-                                    request_id)
 
         def on_output(out) -> None:
             j, prefix = owners.pop(out.request_id)
@@ -94,30 +95,34 @@ class EngineBackend:
             if len(found[j]) == len(tries[j].nodes):
                 on_done(j, tries[j].scores(found[j]))
 
-        self._run(len(jobs), lambda j: submit(j, ()), owners, on_output)
+        self._run(len(jobs), lambda j: submit(j, ()), owners, on_output, on_done)
 
     def generate(self, jobs: list[GenerationJob], max_tokens: int, stop: tuple[str, ...], on_done: OnDone) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop)
         owners: dict[str, int] = {}
 
         def submit(j: int) -> None:
-            request_id = f"eval-{next(self._ids)}"
-            owners[request_id] = j
-            self.engine.add_request(jobs[j].prompt_ids, params, request_id)
+            owners[self.engine.add_request(jobs[j].prompt_ids, params)] = j
 
         def on_output(out) -> None:
             j = owners.pop(out.request_id)
             on_done(j, Failure(out.error) if out.error else Generation(out.text, len(out.token_ids)))
 
-        self._run(len(jobs), submit, owners, on_output)
+        self._run(len(jobs), submit, owners, on_output, on_done)
 
-    def _run(self, n: int, submit_job, owners: dict, on_output) -> None:
+    def _run(self, n: int, submit_job, owners: dict, on_output, on_done: OnDone) -> None:
         """Feed jobs 0..n-1 to the engine, at most `window` requests in it at once, until all finished."""
         next_job = 0
         while next_job < n or owners:
+            if next_job < n and self.deadline is not None and time.perf_counter() > self.deadline:
+                for j in range(next_job, n):
+                    on_done(j, Failure("not run: the time limit was reached"))
+                next_job = n
             while next_job < n and len(owners) < self.window:
                 submit_job(next_job)
                 next_job += 1
+            if not owners:
+                break
             assert self.engine.has_unfinished_requests(), f"{len(owners)} requests lost by the engine"
             for out in self.engine.step():
                 if out.finished:

@@ -99,9 +99,11 @@ def _backend(args, config: EvalConfig, log):
         from ..tokenizer import Tokenizer
         from .remote import RemoteBackend
         if not args.model:
-            raise TinyVLLMError("--base-url needs --model DIR: the served model's directory, for its tokenizer "
+            raise TinyVLLMError("--base-url needs --model DIR: the served model's directory (or .gguf), for its tokenizer "
                                 "(prompt lengths, the context cap and the answer letters' tokens)")
-        tokenizer = Tokenizer.from_model_dir(args.model)
+        from ..gguf_import import GGUFModelFiles, find_gguf_file
+        gguf_file = find_gguf_file(args.model) if Path(args.model).exists() else None
+        tokenizer = GGUFModelFiles.read(gguf_file).tokenizer() if gguf_file else Tokenizer.from_model_dir(args.model)
         backend = RemoteBackend(args.base_url, args.served_model, args.api_key, args.concurrency)
         log(f"evaluating through {backend.name}")
         return backend, tokenizer, {"tokenizer_dir": str(args.model), "served_model": backend.model}, config
