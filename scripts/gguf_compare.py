@@ -81,13 +81,14 @@ def compare_weights(hf_model, ours: dict[str, np.ndarray]) -> dict:
     import ml_dtypes
     state = {name: t.detach().cpu().numpy() for name, t in hf_model.state_dict().items()}
     exact, worst_rounding, mismatched = 0, 0.0, []
-    for name, bits in ours.items():
+    for name, mine in ours.items():  # bf16 bits for a quantized file, else float32 (docs/gguf.md)
         hf = state[name]
-        if np.array_equal(hf.astype(ml_dtypes.bfloat16).view(np.uint16), bits):
+        if np.array_equal(hf.astype(ml_dtypes.bfloat16).view(np.uint16) if mine.dtype == np.uint16 else hf, mine):
             exact += 1
         else:
             mismatched.append(name)
-        diff = np.abs(hf - bits.view(ml_dtypes.bfloat16).astype(np.float32)).max()
+        values = mine.view(ml_dtypes.bfloat16).astype(np.float32) if mine.dtype == np.uint16 else mine
+        diff = np.abs(hf - values).max()
         worst_rounding = max(worst_rounding, float(diff / max(np.abs(hf).max(), 1e-30)))
     return {"tensors": len(ours), "bit_equal_after_bf16": exact, "mismatched": mismatched[:10],
             "max_rel_bf16_rounding": worst_rounding}
@@ -145,7 +146,8 @@ def main() -> int:
     from goldens.hf_reference import capture_stages, greedy_continuation
     hf = timed("HF: load the GGUF (float32)", lambda: load_hf_gguf_model(gguf_file, "cpu", bf16_weights=False))
     weights = compare_weights(hf, ours)
-    round_weights_to_bf16(hf)
+    if next(iter(ours.values())).dtype == np.uint16:
+        round_weights_to_bf16(hf)
     hf = hf.to(args.hf_device)
     tokenizer = timed("HF: GGUF tokenizer vs ours", lambda: compare_tokenizers(gguf_file, tok))
     hf_stages = timed("HF: capture stages", lambda: [capture_stages(hf, ids) for ids in prompt_ids])

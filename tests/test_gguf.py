@@ -120,19 +120,28 @@ def test_llama_cpp_rope_on_permuted_rows_is_hf_rope(rng):
 
 # ---- tensor types ----
 
+def _values(array: np.ndarray) -> np.ndarray:
+    return (array.view(ml_dtypes.bfloat16) if array.dtype == np.uint16 else array).astype(np.float64)
+
+
 @pytest.mark.parametrize("type_name", SUPPORTED_TYPES)
 def test_every_type_loads_within_its_rounding_error(tmp_path, rng, byte_level, type_name):
-    """Each stored weight dequantized and rounded to bf16 is within the type's error bound (tests/gguf_files.py
-    says each) plus one bf16 rounding of the value, in Hugging Face row order; norms (F32) within bf16
-    rounding. Hidden and intermediate 256: whole K-quant super-blocks per row."""
+    """Each stored weight, as loaded, is within the type's error bound (tests/gguf_files.py says each), in
+    Hugging Face row order. Quantized files load as bf16: plus one bf16 rounding of the value, for the F32
+    norms too. Files of F32 / F16 / BF16 tensors (with F32 norms) load as float32, exactly what they hold, as
+    the safetensors loader does. Hidden and intermediate 256: whole K-quant super-blocks per row."""
     path, config, weights, bounds = _write(tmp_path, rng, byte_level[1], type_name)
     files = GGUFModelFiles.read(path)
-    loaded = files.weights(files.model_config())
-    assert set(loaded) == set(weights)
+    notices = []
+    loaded = files.weights(files.model_config(), notices=notices)
+    quantized = type_name not in ("F32", "F16", "BF16")
+    assert set(loaded) == set(weights) and len(notices) == 1
+    assert ("dequantized to bf16" if quantized else "computing with float32 weights") in notices[0]
     for name, original in weights.items():
-        got = loaded[name].view(ml_dtypes.bfloat16).astype(np.float64)
-        assert loaded[name].dtype == np.uint16 and got.shape == original.shape, name
-        bound = bounds[name] + BF16_ROUNDING * (np.abs(original) + bounds[name])
+        assert loaded[name].dtype == (np.uint16 if quantized else np.float32), name
+        got = _values(loaded[name])
+        assert got.shape == original.shape, name
+        bound = bounds[name] + (BF16_ROUNDING * (np.abs(original) + bounds[name]) if quantized else 0)
         err = np.abs(got - original)
         assert (err <= bound).all(), f"{name}: max err {err.max():.3g}, worst err/bound {(err / bound).max():.3g}"
 
@@ -144,9 +153,8 @@ def test_separate_output_weight_and_head_dim_from_key_length(tmp_path, rng, byte
     files = GGUFModelFiles.read(path)
     c = files.model_config()
     assert (c.tie_word_embeddings, c.head_dim) == (False, 32)
-    loaded = files.weights(c)
-    np.testing.assert_allclose(loaded["lm_head.weight"].view(ml_dtypes.bfloat16).astype(np.float32),
-                               weights["lm_head.weight"], atol=0.05)
+    loaded = files.weights(c, notices=[])
+    np.testing.assert_allclose(_values(loaded["lm_head.weight"]), weights["lm_head.weight"], atol=0.05)
 
 
 def test_config_from_metadata(tmp_path, rng, byte_level):
@@ -294,7 +302,7 @@ def test_convert_writes_an_hf_directory_that_loads_the_same(tmp_path, rng, byte_
     config = ModelConfig.from_model_dir(out)
     assert config == files.model_config()
     assert GenerationDefaults.from_model_dir(out) == files.generation_defaults()
-    from_dir, from_gguf = load_weights(out, config, notices=[]), files.weights(config)
+    from_dir, from_gguf = load_weights(out, config, notices=[]), files.weights(config, notices=[])
     for name in from_gguf:
         np.testing.assert_array_equal(from_dir[name], from_gguf[name])
     tokenizer = OurTokenizer.from_model_dir(out)
@@ -326,8 +334,8 @@ def _demo_as_gguf(path: Path, types) -> dict[str, np.ndarray]:
 
 def test_demo_model_as_gguf_is_the_demo_model(tmp_path):
     """The demo model written as a GGUF (F32 and BF16 weights: exact; llama3 RoPE as rope_freqs.weight,
-    the Llama 3 byte-level tokenizer as "llama-bpe") loads as the demo model: the same config, bit-equal
-    weights, the same tokenizer, chat template and bos/eos."""
+    the Llama 3 byte-level tokenizer as "llama-bpe") loads as the demo model: the same config, equal
+    values, the same tokenizer, chat template and bos/eos."""
     from tinyvllm.config import ModelConfig
     from tinyvllm.tokenizer import Tokenizer as OurTokenizer
     demo_tokenizer = OurTokenizer.from_model_dir(DEMO_MODEL_DIR)
@@ -340,9 +348,10 @@ def test_demo_model_as_gguf_is_the_demo_model(tmp_path):
     assert config == demo_config.__class__(**{**demo_config.__dict__, "eos_token_ids": (393,)})
     np.testing.assert_array_equal(rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
                                   rope_inv_freq(demo_config.head_dim, demo_config.rope_theta, demo_config.rope_scaling))
-    loaded = files.weights(config)
+    loaded = files.weights(config, notices=[])  # F32 and BF16 tensors: float32, each the demo's bf16 value widened
     for name, bits in want.items():
-        np.testing.assert_array_equal(loaded[name], bits, err_msg=name)
+        assert loaded[name].dtype == np.float32
+        np.testing.assert_array_equal(loaded[name], _values(bits).astype(np.float32), err_msg=name)
     ours = files.tokenizer()
     for text in TEXTS + [PROSE[:400], "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"]:
         assert ours.encode(text) == demo_tokenizer.encode(text), text

@@ -13,6 +13,7 @@ so the engine's rotate-half kernels run the model unchanged.
 """
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 from ..errors import ModelLoadError
 
 # The tensor types tinyvllm dequantizes (tests/test_gguf.py writes each one and checks it).
+FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 _LAYER_TENSORS = {  # GGUF name inside blk.{i}. -> Hugging Face name inside model.layers.{i}.
@@ -155,10 +157,21 @@ class GGUFCheckpoint:
             return np.asarray(tensor.data).view(np.uint16).reshape(self.tensor_shape(name))
         return self.read_float32(name).astype(ml_dtypes.bfloat16).view(np.uint16)
 
+    @property
+    def weight_dtype(self) -> np.dtype:
+        """What the model computes with. Files without quantized tensors follow the safetensors loader
+        (tinyvllm.weights): float32 when any tensor is F32 or F16 (F16 and BF16 widened exactly), bf16 bits when
+        all are BF16. Files with quantized tensors are dequantized to bf16, their F32 / F16 tensors (norms)
+        rounded to bf16 as well: one weight dtype per model, and half the bytes of float32 to read per step."""
+        types = {t.tensor_type.name for name, t in self.tensors.items() if hf_tensor_name(name)}
+        if types <= set(FLOAT_TYPES) and types & {"F32", "F16"}:
+            return np.dtype(np.float32)
+        return np.dtype(np.uint16)
+
     def load_weights(self, expected_shapes: dict[str, tuple[int, ...]], n_heads: int, n_kv_heads: int,
                      progress: Callable[[int, int], None] | None = None,
                      notices: list[str] | None = None) -> dict[str, np.ndarray]:
-        """{Hugging Face name: uint16 bf16 bits} for every name in expected_shapes, q/k rows in HF order."""
+        """{Hugging Face name: weights in `weight_dtype`} for every name in expected_shapes, q/k rows in HF order."""
         by_hf_name = {}
         for name in self.tensors:
             hf_name = hf_tensor_name(name)
@@ -171,8 +184,10 @@ class GGUFCheckpoint:
             if hf_name not in expected_shapes:  # e.g. blk.30.* in a 30-layer model
                 raise ModelLoadError(f"{self.path}: unexpected tensor {name} for a model of this config")
             by_hf_name[hf_name] = name
+        dtype = self.weight_dtype
         weights: dict[str, np.ndarray] = {}
-        converted: Counter[str] = Counter()
+        stored: Counter[str] = Counter()
+        rounded_exactly = 0  # F32 / F16 tensors whose values were bf16 values already
         for done, (hf_name, shape) in enumerate(expected_shapes.items(), start=1):
             name = by_hf_name.get(hf_name)
             if name is None:
@@ -181,20 +196,35 @@ class GGUFCheckpoint:
             if self.tensor_shape(name) != shape:
                 raise ModelLoadError(f"{self.path}: tensor {name} has shape {list(self.tensor_shape(name))}, "
                                      f"expected {list(shape)} for {hf_name}")
-            array = self.read_bf16(name)
+            type_name = self.tensor_type(name)
+            if dtype == np.float32:
+                array = self.read_float32(name)
+            else:
+                array = self.read_bf16(name)
+                if type_name in ("F32", "F16"):
+                    rounded_exactly += np.array_equal((array.astype(np.uint32) << 16).view(np.float32),
+                                                      self.read_float32(name))
             if hf_name.endswith("self_attn.q_proj.weight"):
                 array = unpermute_rope_rows(array, n_heads)
             elif hf_name.endswith("self_attn.k_proj.weight"):
                 array = unpermute_rope_rows(array, n_kv_heads)
             weights[hf_name] = array
-            if self.tensor_type(name) != "BF16":
-                converted[self.tensor_type(name)] += 1
+            stored[type_name] += 1
             if progress is not None:
                 progress(done, len(expected_shapes))
-        if converted:
-            counts = ", ".join(f"{n} {t}" for t, n in sorted(converted.items()))
-            message = (f"{self.path.name}: dequantized / rounded {counts} tensors to bf16 (round-to-nearest-even); "
-                       f"tinyvllm computes with bf16 weights")
+        counts = ", ".join(f"{n} {t}" for t, n in sorted(stored.items()))
+        if dtype == np.float32:
+            message = f"{self.path.name}: {counts} tensors: computing with float32 weights (exact)"
+        elif set(stored) != {"BF16"}:
+            floats = sum(n for t, n in stored.items() if t in ("F32", "F16"))
+            message = (f"{self.path.name}: {counts} tensors dequantized to bf16 (round-to-nearest-even)"
+                       + (f"; {rounded_exactly} of its {floats} F32/F16 tensors held bf16 values (exact)"
+                          if floats else ""))
+        else:
+            message = None
+        if message:
             if notices is not None:
                 notices.append(message)
+            else:
+                warnings.warn(message, stacklevel=2)
         return weights

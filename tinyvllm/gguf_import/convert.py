@@ -1,7 +1,8 @@
 """`tinyvllm convert IN.gguf OUT_DIR`: a GGUF model as a Hugging Face Llama directory.
 
-Writes config.json, generation_config.json, model.safetensors (bf16: the weights exactly as tinyvllm loads
-them from the GGUF, dequantized and with q/k in Hugging Face's row order), tokenizer.json and
+Writes config.json, generation_config.json, model.safetensors (the weights exactly as tinyvllm loads them
+from the GGUF, with q/k in Hugging Face's row order: bf16 for a quantized file, float32 for one with F32/F16
+tensors and nothing quantized), tokenizer.json and
 tokenizer_config.json (with the chat template). Every other command, HF transformers and
 goldens/make_goldens.py can then use OUT_DIR.
 """
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import ml_dtypes
+import numpy as np
 from safetensors.numpy import save_file
 
 from ..errors import TinyVLLMError
@@ -35,15 +37,17 @@ def convert(gguf_path: str | Path, out_dir: str | Path, log=print) -> list[Path]
     weights = files.weights(config, notices=notices)
     for notice in notices:
         log(f"note: {notice}")
+    float32 = next(iter(weights.values())).dtype == np.float32
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, obj in (("config.json", files.config), ("generation_config.json", files.generation_config),
+    hf_config = {**files.config, "torch_dtype": "float32" if float32 else "bfloat16"}
+    for name, obj in (("config.json", hf_config), ("generation_config.json", files.generation_config),
                       ("tokenizer.json", files.tokenizer_json), ("tokenizer_config.json", files.tokenizer_config)):
         path = out_dir / name
         path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         written.append(path)
     path = out_dir / "model.safetensors"
-    save_file({name: w.view(ml_dtypes.bfloat16) for name, w in weights.items()}, str(path),
+    save_file({name: w if float32 else w.view(ml_dtypes.bfloat16) for name, w in weights.items()}, str(path),
               metadata={"format": "pt", "source": gguf_file.name})
     written.append(path)
     log(f"wrote {out_dir} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, vocab "
