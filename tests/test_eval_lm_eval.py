@@ -31,7 +31,7 @@ def test_local_task_renders_the_same_prompts(tmp_path):
         assert text == mmlu_prompt(q) and row["answer"] == q.answer and row["id"] == q.id
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install lm-eval)")
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed (pip install \"lm-eval[api]\")")
 @pytest.mark.skipif(importlib.util.find_spec("tinyvllm.serving") is None, reason="tinyvllm serve is not in this tree")
 def test_lm_eval_through_tinyvllm_serve_agrees(tmp_path):
     from lm_eval_check import main
