@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     serve = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "serve", "--model", args.model, "--port",
-                              str(port), "--max-model-len", str(args.max_context), *args.serve_args.split()],
+                              str(port), "--max-model-len", str(args.max_context), "--served-model-name", "tinyvllm",
+                              *args.serve_args.split()],
                              env=env, stdout=open(out / "serve.log", "w"), stderr=subprocess.STDOUT)
     try:
         wait_ready(f"http://127.0.0.1:{port}/v1/models", serve, args.startup_seconds)

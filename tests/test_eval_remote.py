@@ -144,7 +144,6 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def real_server():
-    pytest.importorskip("tinyvllm.serving", reason="tinyvllm serve is not in this tree")
     from tests.serving_helpers import start_server
     from tinyvllm.model import load_model
     running = start_server(load_model(log=lambda m: None), num_blocks=64, block_size=4)
