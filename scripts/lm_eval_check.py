@@ -12,7 +12,7 @@
 4. Accuracies and each question's choice log-likelihoods are compared (same --score-tol reasoning as
    scripts/eval_compare_hf.py, here the same engine on both sides: 1e-4). Writes OUT/lm_eval_check.json.
 
-Needs `pip install lm-eval` (which brings datasets) and `tinyvllm serve`; --model must be an HF directory
+Needs `pip install "lm-eval[api]"` (datasets, tenacity, aiohttp) and `tinyvllm serve`; --model must be an HF directory
 (lm-eval loads its tokenizer with transformers; `tinyvllm convert` a GGUF first).
 
     python scripts/lm_eval_check.py --model DIR [--limit 200] [--out out/lm-eval-check]
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--score-tol", type=float, default=1e-4)
     p.add_argument("--serve-args", default="", help="extra `tinyvllm serve` flags, e.g. '--num-blocks 64'")
     p.add_argument("--startup-seconds", type=float, default=300)
+    p.add_argument("--lm-eval-path", default="", help="extra sys.path entry for lm_eval only (a pip --target dir)")
     p.add_argument("--out", default=str(ROOT / "out" / "lm-eval-check"))
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -119,16 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     serve = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "serve", "--model", args.model, "--port",
-                              str(port), "--max-model-len", str(args.max_context), *args.serve_args.split()],
+                              str(port), "--max-model-len", str(args.max_context), "--served-model-name", "tinyvllm",
+                              *args.serve_args.split()],
                              env=env, stdout=open(out / "serve.log", "w"), stderr=subprocess.STDOUT)
     try:
         wait_ready(f"http://127.0.0.1:{port}/v1/models", serve, args.startup_seconds)
         model_args = (f"model=tinyvllm,base_url=http://127.0.0.1:{port}/v1/completions,tokenizer={args.model},"
                       f"tokenized_requests=True,num_concurrent=8,max_retries=1,max_length={args.max_context}")
-        command = ["lm_eval", "--model", "local-completions", "--model_args", model_args, "--tasks", TASK,
+        command = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args, "--tasks", TASK,
                    "--include_path", str(task_dir), "--log_samples", "--output_path", str(out / "lm_eval")]
         print("+", " ".join(command), flush=True)
-        lm_rc = subprocess.run(command, env=env).returncode
+        lm_env = {**env, "HF_DATASETS_OFFLINE": "1",
+                  "PYTHONPATH": os.pathsep.join(x for x in (env["PYTHONPATH"], args.lm_eval_path) if x)}
+        lm_rc = subprocess.run(command, env=lm_env).returncode
     finally:
         serve.terminate()
         serve.wait(timeout=60)

