@@ -77,6 +77,16 @@ def test_a_failed_request_fails_only_its_job(model):
     assert isinstance(results[1], Failure) and "logprob_token_ids" in results[1].message
 
 
+def test_two_tasks_on_one_engine_get_their_own_scores(model):
+    """`tinyvllm eval --tasks mmlu,gpqa_diamond` runs each task through a new backend on the same engine (on the
+    H200 the second task once stopped at a request id the first had used)."""
+    e = engine(model)
+    jobs = [LoglikelihoodJob([3, 4, 5], [(6,), (7,)])]
+    first = collect(EngineBackend(e).loglikelihoods, jobs)
+    second = collect(EngineBackend(e).loglikelihoods, jobs)
+    assert first == second and len(e._requests) == 2
+
+
 def test_generation_adapter_gives_the_engines_greedy_text(model):
     prompts = [[384, 71, 72, 73], [384, 300, 301]]
     plain = engine(model).generate(prompts, SamplingParams(temperature=0, max_tokens=3, stop=("e",)))

@@ -13,7 +13,6 @@ while the prompt's blocks are still in the prefix cache, and memory stays flat o
 """
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -68,7 +67,6 @@ class EngineBackend:
         self.engine = engine
         self.window = window or 4 * engine.config.max_num_seqs
         self.deadline = deadline
-        self._ids = itertools.count()
 
     def loglikelihoods(self, jobs: list[LoglikelihoodJob], on_done: OnDone) -> None:
         tries = [ContinuationTrie(job.continuations) for job in jobs]
@@ -77,10 +75,10 @@ class EngineBackend:
         owners: dict[str, tuple[int, tuple[int, ...]]] = {}
 
         def submit(j: int, prefix: tuple[int, ...]) -> None:
-            request_id = f"eval-{next(self._ids)}"
+            # the engine names it: ids stay unique over every task run on one engine
+            request_id = self.engine.add_request(jobs[j].prompt_ids + list(prefix),
+                                                 next_token_params(tries[j].nodes[prefix]))
             owners[request_id] = (j, prefix)
-            self.engine.add_request(jobs[j].prompt_ids + list(prefix), next_token_params(tries[j].nodes[prefix]),
-                                    request_id)
 
         def on_output(out) -> None:
             j, prefix = owners.pop(out.request_id)
@@ -104,9 +102,7 @@ class EngineBackend:
         owners: dict[str, int] = {}
 
         def submit(j: int) -> None:
-            request_id = f"eval-{next(self._ids)}"
-            owners[request_id] = j
-            self.engine.add_request(jobs[j].prompt_ids, params, request_id)
+            owners[self.engine.add_request(jobs[j].prompt_ids, params)] = j
 
         def on_output(out) -> None:
             j = owners.pop(out.request_id)
