@@ -63,6 +63,8 @@ def run(args) -> int:
         raise TinyVLLMError("--stream goes with --jsonl (HTTP clients ask for streaming with stream: true)")
     if args.max_waiting < 0 or args.shutdown_timeout < 0:
         raise TinyVLLMError("--max-waiting and --shutdown-timeout must be >= 0")
+    if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
+        raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
     from ..cli import _engine
     from .engine_loop import EngineLoop
     if args.jsonl:

@@ -81,7 +81,10 @@ def engine_config_for(recording: Recording, overrides: dict | None = None) -> En
     unknown = sorted(set(overrides or {}) - known)
     if unknown:
         raise TinyVLLMError(f"unknown engine setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return EngineConfig(**{**settings, **(overrides or {})})
+    try:
+        return EngineConfig(**{**settings, **(overrides or {})})
+    except TypeError as e:  # a value of the wrong type, e.g. --replay-set max_num_seqs=x
+        raise TinyVLLMError(f"invalid engine setting in {overrides or recording.path}: {e}") from e
 
 
 def sampling_params(request: RecordedRequest, path: str) -> SamplingParams:
