@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark latency, prefill, throughput and serving (optionally vs HF)",
                        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_arguments(b)
+    from .serving import replay
+    replay.add_bench_arguments(b)
     b.set_defaults(run=bench.run)
 
     from .serving import cli as serving_cli

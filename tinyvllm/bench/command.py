@@ -17,6 +17,9 @@ from .random_1b import prepare_random_model
 
 def run(args) -> int:
     """The `tinyvllm bench` subcommand: exit status 0, or 1 when a request ended with an error."""
+    if getattr(args, "replay", None):  # tinyvllm serve --record's session (serving/replay.py)
+        from ..serving.replay import run_bench_replay
+        return run_bench_replay(args)
     if args.merge:
         return merge_reports([Path(p) for p in args.merge], Path(args.out), args.plot)
     return run_bench(config_from_args(args))

@@ -39,6 +39,9 @@ def add_arguments(p) -> None:
     s.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
                    help="on SIGINT/SIGTERM, let running requests finish for up to S seconds (default: %(default)s)")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn's access log)")
+    s.add_argument("--record", metavar="FILE",
+                   help="write every request as it arrives and every answer to FILE (JSONL), for "
+                        "`tinyvllm bench --replay FILE`")
     j = p.add_argument_group("JSONL")
     j.add_argument("--jsonl", action="store_true", help="read requests from stdin, write results to stdout")
     j.add_argument("--stream", action="store_true", help="with --jsonl: also a line per token delta")
@@ -60,18 +63,28 @@ def run(args) -> int:
         raise TinyVLLMError("--stream goes with --jsonl (HTTP clients ask for streaming with stream: true)")
     if args.max_waiting < 0 or args.shutdown_timeout < 0:
         raise TinyVLLMError("--max-waiting and --shutdown-timeout must be >= 0")
+    if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
+        raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
     from ..cli import _engine
     from .engine_loop import EngineLoop
     if args.jsonl:
         from . import jsonl_loop
         engine = _engine(args)
         log = lambda message: print(message, file=sys.stderr, flush=True)
-        return jsonl_loop.run(EngineLoop(engine, log=log), sys.stdin, sys.stdout, stream=args.stream,
+        return jsonl_loop.run(EngineLoop(engine, log=log, recorder=_recorder(args, engine)), sys.stdin, sys.stdout, stream=args.stream,
                               shutdown_timeout=args.shutdown_timeout, log=log)
     sock = listen(args.host, args.port)  # before the model loads: a busy port fails at once
     engine = _engine(args)
-    return serve_http(EngineLoop(engine, max_waiting=args.max_waiting), sock, served_model_name(args), args.api_key,
+    return serve_http(EngineLoop(engine, max_waiting=args.max_waiting, recorder=_recorder(args, engine)), sock, served_model_name(args), args.api_key,
                       args.shutdown_timeout, args.access_log)
+
+
+def _recorder(args, engine):
+    if not getattr(args, "record", None):
+        return None
+    from .recording import Recorder
+    print(f"tinyvllm serve: recording to {args.record}", file=sys.stderr, flush=True)
+    return Recorder.open(args.record, engine, model=args.model)
 
 
 def serve_http(engine_loop, sock: socket.socket, model_name: str, api_key: str | None = None,

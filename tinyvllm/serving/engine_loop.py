@@ -104,10 +104,13 @@ class _Inbox:
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, observers=(), log=log_to_stderr):
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None, observers=(), log=log_to_stderr,
+                 recorder=None):
         """`max_waiting`: submit() raises QueueFull while this many requests wait (None: no limit).
-        `observers`: objects with on_step(StepReport), called on the loop's thread after every step."""
+        `observers`: objects with on_step(StepReport), called on the loop's thread after every step.
+        `recorder`: a recording.Recorder that gets every request, abort and answer (closed when the loop ends)."""
         self.engine = engine
+        self.recorder = recorder
         self.max_waiting = max_waiting
         self.observers = list(observers)
         self.log = log
@@ -204,6 +207,8 @@ class EngineLoop:
             self.log(f"engine loop stopped: {type(e).__name__}: {e}")
             self._fail_all(f"the engine stopped: {type(e).__name__}: {e}")
         finally:
+            if self.recorder is not None:
+                self.recorder.close()
             self.state = self._engine_state(alive=False)
             with self._cond:
                 self._cond.notify_all()
@@ -225,11 +230,15 @@ class EngineLoop:
                 except TinyVLLMError as e:  # the engine refused it outright: it never ran
                     with self._cond:
                         self._live.discard(command.request_id)
+                    self._record("refused", command.request_id, str(e))
                     self._call(command.sink, [Update(command.request_id, [], finished=True, finish_reason="error",
                                                      error=str(e), token_ids=[], text="")])
                     continue
                 self._sinks[command.request_id] = command.sink
+                self._record("request", command.request_id)
             else:
+                if command.request_id in self._sinks:  # still in the engine: not finished, not refused
+                    self._record("abort", command.request_id)
                 engine.abort_request(command.request_id)
         if inbox.num_adds:
             with self._cond:  # the requests moved from the inbox to the scheduler's queue
@@ -250,6 +259,7 @@ class EngineLoop:
             if sink is not None:
                 by_sink.setdefault(id(sink), (sink, []))[1].append(update)
             if out.finished:
+                self._record("finished", update)
                 finished.append(out.request_id)
                 self._sinks.pop(out.request_id, None)
                 self.engine.release_request(out.request_id)
@@ -282,6 +292,14 @@ class EngineLoop:
             return Update(**common)
         return Update(**common, token_ids=list(out.token_ids), text=out.text, metrics=out.metrics)
 
+    def _record(self, kind: str, *args) -> None:
+        if self.recorder is None:
+            return
+        try:
+            getattr(self.recorder, kind)(self.engine, *args)
+        except Exception as e:  # a full disk must not stop serving; say so once per failure
+            self.log(f"engine loop: recording failed: {type(e).__name__}: {e}")
+
     def _call(self, sink: Sink, updates: list[Update]) -> None:
         try:
             sink(updates)
@@ -296,8 +314,11 @@ class EngineLoop:
         sinks.update({c.request_id: c.sink for c in inbox.commands if isinstance(c, _Add)})
         for request_id in live:
             if request_id in sinks:
-                self._call(sinks[request_id], [Update(request_id, [], finished=True, finish_reason="error",
-                                                      error=message, token_ids=[], text="")])
+                update = Update(request_id, [], finished=True, finish_reason="error", error=message, token_ids=[],
+                                text="")
+                if request_id in self._sinks:  # the engine had it: its arrival is recorded
+                    self._record("finished", update)
+                self._call(sinks[request_id], [update])
         self._sinks.clear()
 
     def _engine_state(self, alive: bool = True) -> EngineState:
