@@ -81,11 +81,11 @@ def test_a_block_table_after_two_requests_share_a_prefix():
         assert app.query_one("#command-input").has_class("visible")
         await pilot.press(*"[384, 341, 265, 84, 77, 220, 81, 90, 5, 6]", "enter")  # "d" here must not step
         await pilot.pause()
-        assert text(app, "#status") == "added request 2: it joins at the next scheduler step"
+        assert text(app, "#status") == "added request 1: it joins at the next scheduler step"
         await press(pilot, "s")                      # the next step admits it with a prefix-cache hit
         blocks = text(app, "#blocks-text")
         assert "req 0: 0→0* 1→1* 2→2\n" in blocks
-        assert "req 2: 0→0* 1→1* 2→3\n" in blocks
+        assert "req 1: 0→0* 1→1* 2→3\n" in blocks
         assert "usage 4/32 (12.5%) · shared 2 · cached 0 · free 28 · prefix hits 44.4%"  # 8 hits of 8 + 10 looked-up tokens in blocks
         assert " 0   1   2+  3+" in blocks                # only the blocks this step took are marked new
         assert "running 2 · waiting 0" in text(app, "#scheduler-summary")
