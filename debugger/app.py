@@ -6,6 +6,7 @@ messages (debugger/messages.py) carrying immutable snapshots, and the panels onl
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from textual import work
@@ -78,6 +79,17 @@ class DebuggerApp(App):
         self.session = session
         self.busy = False
         self.input_mode: str | None = None
+        self.failure: BaseException | None = None   # what ended the app, if an exception did
+
+    def _handle_exception(self, error: Exception) -> None:
+        """Textual's hook for an unhandled exception (a missing stylesheet, a bug in a panel): it exits the
+        app with return code 1 and prints a long traceback. Keep the exception for `tinyvllm debug` to
+        report in one line instead (TINYVLLM_DEBUG=1 keeps Textual's traceback)."""
+        if self.failure is None:
+            self.failure = error
+        super()._handle_exception(error)
+        if not os.environ.get("TINYVLLM_DEBUG"):
+            self._exit_renderables.clear()
 
     def compose(self) -> ComposeResult:
         yield Header()
