@@ -6,8 +6,10 @@ messages (debugger/messages.py) carrying immutable snapshots, and the panels onl
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
+from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -41,10 +43,11 @@ def summarize(result) -> str:
     if isinstance(result, StageRecord):
         return f"ran {result.name} ({result.kernel}, {result.seconds * 1000:.1f} ms)"
     if isinstance(result, StepRecord):
-        finished = f", finished {list(result.finished)}" if result.finished else ""
-        return f"step {result.step} done: sampled {result.new_tokens}{finished}"
+        return f"step {result.step} done: {result.describe()}"
     assert isinstance(result, RunResult)
-    where = "" if result.event is None else f" at {summarize(result.event)}"
+    event = result.event
+    where = ("" if event is None else f" at {event.name}" if isinstance(event, StageRecord)
+             else f": {summarize(event)}")
     if result.reason == "breakpoint":
         return f"breakpoint: {result.detail} ({result.num_events} events)"
     if result.reason == "idle":
@@ -57,13 +60,19 @@ def summarize(result) -> str:
 class DebuggerApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyvllm debugger"
+    AUTO_FOCUS = None   # keys are commands: no panel (least of all the hidden input box) takes them at start
+    # app.tcss sizes the panels for the screen: narrow (< 140 columns) and short (< 40 rows) screens get
+    # fixed widths and heights that fit every column down to 100 x 30
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (140, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]
     BINDINGS = [
+        # short descriptions: the whole footer fits in 100 columns
         Binding("s", "step_stage", "stage"),
         Binding("l", "step_layer", "layer"),
-        Binding("d", "step_decode", "decode step"),
+        Binding("d", "step_decode", "step"),
         Binding("c", "continue_run", "continue"),
-        Binding("b", "ask('breakpoint')", "breakpoint"),
-        Binding("a", "ask('request')", "add request"),
+        Binding("b", "ask('breakpoint')", "break"),
+        Binding("a", "ask('request')", "add"),
         Binding("r", "reset", "reset"),
         Binding("x", "cancel", "cancel"),
         Binding("left_square_bracket", "row(-1)", "row", show=False),
@@ -78,21 +87,32 @@ class DebuggerApp(App):
         self.session = session
         self.busy = False
         self.input_mode: str | None = None
+        self.failure: BaseException | None = None   # what ended the app, if an exception did
+
+    def _handle_exception(self, error: Exception) -> None:
+        """Textual's hook for an unhandled exception (a missing stylesheet, a bug in a panel): it exits the
+        app with return code 1 and prints a long traceback. Keep the exception for `tinyvllm debug` to
+        report in one line instead (TINYVLLM_DEBUG=1 keeps Textual's traceback)."""
+        if self.failure is None:
+            self.failure = error
+        super()._handle_exception(error)
+        if not os.environ.get("TINYVLLM_DEBUG"):
+            self._exit_renderables.clear()
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Horizontal(id="top"):
-            yield SchedulerPanel(id="scheduler")
-            yield BlockTablePanel(id="blocks")
+        yield SchedulerPanel(id="scheduler")
         with Horizontal(id="middle"):
             yield TensorInspector(id="inspector")
             yield GoldenDiffPanel(id="golden")
-        yield TimelinePanel(id="timeline")
+        with Horizontal(id="bottom"):
+            yield BlockTablePanel(id="blocks")
+            yield TimelinePanel(id="timeline")
         with Horizontal(id="status-bar"):
             yield Static("ready: s steps one stage, ? for help", id="status")
             yield ProgressBar(id="progress", show_eta=False)
         yield Input(id="command-input")
-        yield Footer()
+        yield Footer(show_command_palette=False)   # ctrl+p still opens it
 
     def on_mount(self) -> None:
         self.show(self.session.view())
@@ -108,7 +128,8 @@ class DebuggerApp(App):
         self.sub_title = f"step {view.step}{stage}" + (" · done" if view.idle else "")
 
     def set_status(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        # Text, not markup: "[id]" in a message is what the user should read
+        self.query_one("#status", Static).update(Text(text))
 
     # ---- commands ---------------------------------------------------------------------------------
     def action_step_stage(self) -> None:
@@ -182,7 +203,7 @@ class DebuggerApp(App):
         self.show(message.view)
         self.set_status(message.summary)
         if message.failed:
-            self.notify(message.summary, severity="error")
+            self.notify(message.summary, severity="error", markup=False)
 
     # ---- the input box (add request, breakpoint) -------------------------------------------------
     def action_ask(self, mode: str) -> None:
@@ -216,4 +237,4 @@ class DebuggerApp(App):
                                                                                          progress))
         except ValueError as e:
             self.set_status(f"error: {e}")
-            self.notify(str(e), severity="error")
+            self.notify(str(e), severity="error", markup=False)

@@ -10,9 +10,13 @@ generator's return is the step's outputs (tokens sampled, stop rules applied). E
 compared with the golden file for every request whose prompt ids are a golden prompt's, over the prompt
 positions this step computed (goldens hold prompt positions only, so decode steps have none: absent, not
 a pass). `view()` gives the UI an immutable snapshot, built on the thread that drives the engine.
+
+Latencies shown (TTFT, ITL) are in engine time: only the time spent inside the session's stepping counts,
+not the time the debugger sat paused between commands (the engine's own metrics count wall time).
 """
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import re
 import threading
@@ -58,11 +62,16 @@ class TensorStats:
         return cls(values.shape, str(values.dtype), float(finite.min()), float(finite.max()),
                    float(finite.mean()), float(finite.std()), nan, inf)
 
-    def describe(self) -> str:
-        def number(x):
-            return "-" if x is None else f"{x:.6g}"
-        return (f"shape {self.shape} {self.dtype}  min {number(self.min)}  max {number(self.max)}  "
+    def describe(self, width: int | None = None) -> str:
+        """One line; when it would be wider than `width`, a shorter one (4 significant digits)."""
+        def number(x, digits=6):
+            return "-" if x is None else f"{x:.{digits}g}"
+        line = (f"shape {self.shape} {self.dtype}  min {number(self.min)}  max {number(self.max)}  "
                 f"mean {number(self.mean)}  std {number(self.std)}  NaN {self.nan}  Inf {self.inf}")
+        if width is None or len(line) <= width:
+            return line
+        return (f"{self.shape} {self.dtype} min {number(self.min, 4)} max {number(self.max, 4)} "
+                f"mean {number(self.mean, 4)} std {number(self.std, 4)} NaN {self.nan} Inf {self.inf}")
 
 
 def as_rows(array: np.ndarray) -> np.ndarray:
@@ -101,6 +110,7 @@ class StageRecord:
     values: np.ndarray        # host copy of the output
     stats: TensorStats
     golden: tuple[GoldenRow, ...]
+    row_labels: tuple[str, ...] = ()   # per row of as_rows(values): "0:26" (request 0, position 26)
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,13 @@ class StepRecord:
     num_batched_tokens: int
     new_tokens: dict[str, list[int]]   # request id -> tokens this step sampled
     finished: tuple[str, ...]          # request ids that finished in this step
+    new_text: dict[str, str] = field(default_factory=dict)   # request id -> those tokens decoded
+
+    def describe(self) -> str:
+        """`req 0: 390 ' the', req 1: 17 'x'; finished 0` (what the step sampled, readable)."""
+        sampled = ", ".join(f"req {r}: {' '.join(map(str, ids))} {self.new_text.get(r, '')!r}"
+                            for r, ids in self.new_tokens.items()) or "nothing sampled"
+        return sampled + (f"; finished {', '.join(self.finished)}" if self.finished else "")
 
 
 @dataclass(frozen=True)
@@ -191,7 +208,7 @@ class RequestView:
     output_text: str
     finish_reason: str | None
     error: str | None
-    ttft: float | None
+    ttft: float | None            # engine time (module docstring): pauses in the debugger left out
     itl_mean: float | None
     golden_prompt: int | None
     greedy_agree: tuple[int, int] | None   # (tokens agreeing with the golden greedy ids, tokens compared)
@@ -274,6 +291,9 @@ class Session:
         self._stages = None
         self._all_logits = False
         self._step_start = 0.0
+        self._spans: list[tuple[float, float]] = []   # wall (start, end) of every step_stage call
+        self._span_starts: list[float] = []
+        self._active_before: list[float] = []         # engine seconds before each span
         self._refs_before = tuple(engine.block_manager.ref_counts())
         for prompt in self.initial_prompts:
             self.add_request(prompt)
@@ -316,15 +336,34 @@ class Session:
         """Run one stage (the first of a new step if none is in progress), or finish the step once its
         stages are done (sampling, stop rules). None when no request is left."""
         with self._lock:
-            if self._stages is None:
-                if not self.engine.has_unfinished_requests():
-                    return None
-                self._begin_step()
+            start = time.perf_counter()
             try:
-                stage = next(self._stages)
-            except StopIteration as done:
-                return self._end_step(done.value or [])
-            return self._record_stage(stage)
+                if self._stages is None:
+                    if not self.engine.has_unfinished_requests():
+                        return None
+                    self._begin_step()
+                try:
+                    stage = next(self._stages)
+                except StopIteration as done:
+                    return self._end_step(done.value or [])
+                return self._record_stage(stage)
+            finally:
+                self._add_span(start, time.perf_counter())
+
+    # ---- engine time ---------------------------------------------------------------------------------
+    def _add_span(self, start: float, end: float) -> None:
+        before = self._active_before[-1] + self._spans[-1][1] - self._spans[-1][0] if self._spans else 0.0
+        self._spans.append((start, end))
+        self._span_starts.append(start)
+        self._active_before.append(before)
+
+    def engine_clock(self, t: float) -> float:
+        """Engine seconds up to wall time t (perf_counter): the time inside step_stage calls before t."""
+        i = bisect.bisect_right(self._span_starts, t) - 1
+        if i < 0:
+            return 0.0
+        start, end = self._spans[i]
+        return self._active_before[i] + min(t, end) - start
 
     def step_layer(self, cancelled=None, progress=None) -> RunResult:
         """Up to the end of the current layer (its `output` stage); outside layers, up to the logits."""
@@ -380,10 +419,22 @@ class Session:
         if self.first_failure is None:
             self.first_failure = next((g for g in golden if g.status == "fail"), None)
         self.current = StageRecord(self.step_index, self.stage_index, stage.name, stage.kernel, stage.layer,
-                                   stage.seconds, values, TensorStats.of(values), golden)
+                                   stage.seconds, values, TensorStats.of(values), golden,
+                                   self._row_labels(as_rows(values).shape[0]))
         self.timeline.append(TimelineEntry(self.step_index, stage.name, stage.kernel, stage.seconds))
         self.stage_index += 1
         return self.current
+
+    def _row_labels(self, rows: int) -> tuple[str, ...]:
+        """"request:position" for each row of a stage's output: its token rows (every stage but logits), or
+        one row per sequence that samples (the logits, unless the step asked for all of them)."""
+        scheduled = self.engine.last_schedule.scheduled
+        tokens = [(s.seq.data.request_id, p) for s in scheduled for p in range(s.start, s.end)]
+        if rows != len(tokens):
+            tokens = [(s.seq.data.request_id, s.end - 1) for s in scheduled if s.samples]
+        if rows != len(tokens):
+            return ()
+        return tuple(f"{r}:{p}" for r, p in tokens)
 
     def _compare(self, stage):
         if not self.goldens or (stage.name == "logits" and not self._all_logits):
@@ -407,13 +458,13 @@ class Session:
     def _end_step(self, outputs) -> StepRecord:
         self._stages = None
         schedule = self.engine.last_schedule
+        decode = self.engine.tokenizer.decode
         record = StepRecord(self.step_index, time.perf_counter() - self._step_start,
                             schedule.num_batched_tokens if schedule else 0,
                             {o.request_id: list(o.new_token_ids) for o in outputs},
-                            tuple(o.request_id for o in outputs if o.finished))
-        sampled = ", ".join(f"req {r}: {t}" for r, t in record.new_tokens.items()) or "nothing sampled"
-        finished = f"; finished {list(record.finished)}" if record.finished else ""
-        self.timeline.append(TimelineEntry(self.step_index, "step done", sampled + finished, record.seconds))
+                            tuple(o.request_id for o in outputs if o.finished),
+                            {o.request_id: decode(list(o.new_token_ids)) for o in outputs})
+        self.timeline.append(TimelineEntry(self.step_index, "step done", record.describe(), record.seconds))
         self.step_index += 1
         return record
 
@@ -430,6 +481,7 @@ class Session:
         seq = request.seq
         output = tuple(seq.output_token_ids) if seq else ()
         m = self.engine.metrics.request_metrics(request_id)
+        ttft, itls = self._engine_latencies(m)
         p = self.golden_prompt_of.get(request_id)
         greedy = None
         if p is not None and "greedy_ids" in self.goldens.prompts[p] and output:
@@ -444,7 +496,17 @@ class Session:
             seq.num_computed_tokens if seq else 0, output,
             request.text if request.text is not None else self.engine.tokenizer.decode(list(output)),
             request.finish_reason, request.error,
-            m.ttft, float(np.mean(m.itls)) if m.itls else None, p, greedy)
+            ttft, float(np.mean(itls)) if itls else None, p, greedy)
+
+    def _engine_latencies(self, m) -> tuple[float | None, list[float]]:
+        """TTFT and ITLs in engine time (the debugger's pauses left out), from the engine's wall timestamps."""
+        if m.ttft is None:
+            return None, []
+        times = [m.arrival_time + m.ttft]
+        for gap in m.itls:
+            times.append(times[-1] + gap)
+        clock = [self.engine_clock(t) for t in [m.arrival_time] + times]
+        return clock[1] - clock[0], [b - a for a, b in zip(clock[1:], clock[2:])]
 
     def _block_view(self) -> BlockView:
         bm = self.engine.block_manager

@@ -1,6 +1,6 @@
 """Write the golden file (docs/architecture.md, "Golden file format") from Hugging Face transformers.
 
-    python goldens/make_goldens.py [--model DIR | --model FILE.gguf] [--out goldens/demo.npz] [--max-new-tokens 8]
+    python goldens/make_goldens.py [--model DIR | --model FILE.gguf] [--out tinyvllm/goldens/demo.npz] [--max-new-tokens 8]
 
 Prompts are tokenized by transformers' own tokenizer and chat template (date fixed), every stage is
 captured from transformers' LlamaForCausalLM in float32, so nothing here comes from tinyvllm.
@@ -24,6 +24,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from goldens.hf_reference import capture_stages, greedy_continuation, load_hf_model, stage_names  # noqa: E402
 
 DEMO_MODEL_DIR = REPO_ROOT / "tinyvllm" / "demo_model"
+DEFAULT_OUT = REPO_ROOT / "tinyvllm" / "goldens" / "demo.npz"   # shipped in the package; goldens/demo.npz links to it
 DATE_STRING = "26 Jul 2024"
 
 # Each prompt is plain text (tokenized with BOS) or a chat (rendered by the model's chat template with
@@ -112,7 +113,7 @@ def make_goldens(model_dir: Path, out: Path, max_new_tokens: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEMO_MODEL_DIR)
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "goldens" / "demo.npz")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     args = parser.parse_args(argv)
     make_goldens(args.model, args.out, args.max_new_tokens)

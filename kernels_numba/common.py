@@ -24,7 +24,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from numba import cuda
+
+from .gpu_probe import choose_simulator_without_gpu
+
+choose_simulator_without_gpu()  # no GPU and NUMBA_ENABLE_CUDASIM unset: the simulator, with a notice
+from numba import cuda  # noqa: E402
 
 SIMULATOR = bool(cuda.config.ENABLE_CUDASIM)
 # Shared tiles read four floats at a time: 16-byte aligned arrays whose rows are padded by 4 floats (rows stay

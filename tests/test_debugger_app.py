@@ -1,5 +1,6 @@
 """The debugger app driven by Pilot (headless): press keys, read what the panels show."""
 import asyncio
+import re
 import threading
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from debugger.app import DebuggerApp
-from debugger.session import Session
+from debugger.session import Session, stage_names
 from debugger.widgets.help_screen import HelpScreen
 from kernels_numba.bf16 import bf16_to_f32_ref
 from tinyvllm.engine import EngineConfig, LLMEngine
@@ -51,6 +52,11 @@ def text(app, selector) -> str:
     return getattr(content, "plain", str(content))
 
 
+def shown(app, selector) -> str:
+    """What a Static shows: its content after markup (which would eat "[id]")."""
+    return app.query_one(selector, Static).render().plain
+
+
 def cells(table: DataTable, row: int) -> list[str]:
     return [getattr(c, "plain", str(c)) for c in table.get_row_at(row)]
 
@@ -63,19 +69,19 @@ def test_stepping_a_stage_then_a_layer_shows_the_stage_and_its_stats():
     async def scenario(pilot):
         await press(pilot, "s")
         assert "stage embedding · step 0 · #0" in text(app, "#inspector-header")
-        assert text(app, "#inspector-stats") == (
-            f"shape (8, 64) float32  min {embedding.min():.6g}  max {embedding.max():.6g}  "
-            f"mean {embedding.astype(np.float64).mean():.6g}  std {embedding.astype(np.float64).std():.6g}  "
-            f"NaN 0  Inf 0")
+        assert text(app, "#inspector-stats") == (   # the panel's width takes the short form
+            f"(8, 64) float32 min {embedding.min():.4g} max {embedding.max():.4g} "
+            f"mean {embedding.astype(np.float64).mean():.4g} std {embedding.astype(np.float64).std():.4g} "
+            f"NaN 0 Inf 0")
         values = app.query_one("#inspector-values", DataTable)
-        assert cells(values, 7)[:3] == ["7", f"{embedding[7, 0]:.4g}", f"{embedding[7, 1]:.4g}"]
-        assert "row 7 of 8" in text(app, "#inspector-row-label")
+        assert cells(values, 7)[:3] == ["0:7", f"{embedding[7, 0]:.4g}", f"{embedding[7, 1]:.4g}"]
+        assert "row 7 of 8 · req 0 pos 7" in text(app, "#inspector-row-label")
         await pilot.press("left_square_bracket")
-        assert "row 6 of 8" in text(app, "#inspector-row-label")
+        assert "row 6 of 8 · req 0 pos 6" in text(app, "#inspector-row-label")
         assert text(app, "#status").startswith("ran embedding (embedding.embedding")
         await press(pilot, "l")
         assert "stage layers.0.output · step 0 · #10 · layer 0" in text(app, "#inspector-header")
-        assert app.query_one("#timeline").lines[-1].split()[2] == "layers.0.output"
+        assert app.query_one("#timeline").lines[-1].split()[:2] == ["0", "layers.0.output"]
         assert "running 1 · waiting 0" in text(app, "#scheduler-summary")
         assert cells(app.query_one("#scheduler-table", DataTable), 0)[1] == "prefill"
         assert text(app, "#golden-summary") == "goldens: absent (no golden file)"
@@ -91,11 +97,11 @@ def test_a_block_table_after_two_requests_share_a_prefix():
         assert app.query_one("#command-input").has_class("visible")
         await pilot.press(*"[384, 341, 265, 84, 77, 220, 81, 90, 5, 6]", "enter")  # "d" here must not step
         await pilot.pause()
-        assert text(app, "#status") == "added request 2: it joins at the next scheduler step"
+        assert text(app, "#status") == "added request 1: it joins at the next scheduler step"
         await press(pilot, "s")                      # the next step admits it with a prefix-cache hit
         blocks = text(app, "#blocks-text")
         assert "req 0: 0→0* 1→1* 2→2\n" in blocks
-        assert "req 2: 0→0* 1→1* 2→3\n" in blocks
+        assert "req 1: 0→0* 1→1* 2→3\n" in blocks
         # 4 blocks referenced, the 2 of the common prefix by both; prefix hits: 8 of the 8 + 10 looked-up tokens
         assert f"usage 4/32 (12.5%) · shared 2 · cached 0 · free 28 · prefix hits {100 * 8 / 18:.1f}%\n" in blocks
         assert " 0   1   2+  3+" in blocks                # only the blocks this step took are marked new
@@ -156,4 +162,57 @@ def test_help_screen_and_cancel():
         await settle(pilot)
         assert text(app, "#status").startswith("cancelled after 1 events at ran embedding")
         assert not app.busy and app.session.view().stages_done == 1
+    drive(app, scenario)
+
+
+def test_at_100_by_30_every_column_the_block_grid_and_every_key_fit():
+    # as `tinyvllm debug` opens: the first golden prompt (27 tokens) queued, a pool of 64 blocks of 4
+    engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda message: None)
+    app = DebuggerApp(Session(engine, Goldens.load(DEFAULT_GOLDENS)))
+
+    async def scenario(pilot):
+        await press(pilot, "d")                            # the whole prefill step: every panel has content
+        screen = app.screen.region
+        for panel in ("#scheduler", "#inspector", "#golden", "#blocks", "#timeline", "#status", "Footer"):
+            region = app.query_one(panel).region
+            assert region.area and screen.contains_region(region), (panel, region)
+        for table in ("#scheduler-table", "#golden-table"):       # no column cut off or scrolled away
+            t = app.query_one(table, DataTable)
+            assert t.virtual_size.width <= t.scrollable_content_region.width, (table, t.virtual_size)
+        golden = app.query_one("#golden-table", DataTable)
+        rendered = [golden.render_line(y).text for y in range(golden.scrollable_content_region.height)]
+        assert rendered[0].split() == ["stage", "prompt", "max", "rel", "result"]
+        names = set(stage_names(2))
+        shown = [re.fullmatch(r"\s*(\S+)\s+p0\s+\d\.\d{3}e[+-]\d\d\s+PASS\s*", line) for line in rendered[1:]]
+        assert all(m and m.group(1) in names for m in shown) and len(shown) >= 5, rendered   # nothing truncated
+        values = app.query_one("#inspector-values", DataTable)
+        logits = app.session.view().stage.values
+        assert logits.shape[0] == 27     # every prompt position: the golden comparison asks for all logits
+        assert values.render_line(1).text.split()[:2] == ["0:0", f"{logits[0, 0]:.4g}"]
+        scheduler = cells(app.query_one("#scheduler-table", DataTable), 0)
+        assert scheduler[-1] == "p0 1/1"                           # the golden column, in view
+        blocks = app.query_one("#blocks")                          # the whole grid in view, no scrolling
+        lines = text(app, "#blocks-text").splitlines()
+        grid_end = next(i for i, line in enumerate(lines) if line.startswith("block tables"))
+        assert grid_end <= blocks.scrollable_content_region.height and blocks.scroll_y == 0
+        assert max(len(line) for line in lines[:grid_end]) <= blocks.scrollable_content_region.width
+        assert lines[2].startswith(" 0+ 1+ 2+") and lines[grid_end - 1].rstrip().endswith("63")   # 7 new blocks
+        keys = [k for k in app.query("FooterKey") if k.description]
+        assert {k.description for k in keys} >= {"stage", "layer", "step", "help", "quit"}
+        assert all(screen.contains_region(k.region) for k in keys)
+        assert values.scrollable_content_region.height >= 2       # the header and at least one row of values
+    drive(app, scenario, size=(100, 30))
+
+
+def test_status_lines_read_as_text():
+    app = make_app([PROMPT])
+
+    async def scenario(pilot):
+        await press(pilot, "d")
+        token = app.session.view().requests[0].output_token_ids[0]
+        word = app.session.engine.tokenizer.decode([token])
+        assert shown(app, "#status") == f"stopped after 24 events: step 0 done: req 0: {token} {word!r}"
+        await pilot.press("b", *"bogus", "enter")        # markup would eat [id] and [threshold]
+        await pilot.pause()
+        assert shown(app, "#status").endswith("'finished [id]', 'golden [threshold]'")
     drive(app, scenario)

@@ -1,4 +1,6 @@
 """The debugger's stepping logic (debugger/session.py) on the demo model, with short prompts and a tiny pool."""
+import time
+
 import numpy as np
 import pytest
 
@@ -147,6 +149,34 @@ def test_a_shared_prefix_shares_physical_blocks(model):
     assert [blocks.states[b] for b in tables["0"][:2]] == ["shared", "shared"]
     assert blocks.just_allocated == {tables[second][2], tables["0"][2]}
     assert session.timeline[-2].kernel == f"req 0 decode 8..8, req {second} prefill 8..9"
+    # the mixed batch's rows say whose they are: request:position
+    assert session.current.row_labels == ("0:8", f"{second}:8", f"{second}:9")
+    assert session.step_layer().event.name == "layers.0.output"
+    assert session.current.row_labels == ("0:8", f"{second}:8", f"{second}:9")
+    session.step_layer(), session.step_layer()
+    assert session.current.name == "logits" and session.current.values.shape[0] == 2
+    assert session.current.row_labels == ("0:8", f"{second}:9")      # the rows that sample
+    done = session.step_stage()
+    sampled = {r: ids for r, ids in done.new_tokens.items()}
+    assert done.describe() == ", ".join(f"req {r}: {ids[0]} {model.tokenizer.decode(ids)!r}"
+                                        for r, ids in sampled.items()) and len(sampled) == 2
+
+
+def test_latencies_leave_out_the_time_paused_between_commands(model):
+    session = new_session(model, [[5, 6, 7]])
+    pause = 0.3
+    session.step_stage()
+    time.sleep(pause)                                   # the user looks at the embedding
+    first = session.step_decode().event                 # the rest of step 0: the first token
+    time.sleep(pause)
+    session.step_decode()                               # step 1: the second token
+    request = session.view().requests[0]
+    wall = session.engine.metrics.request_metrics("0")  # the engine's own clock counts the pauses
+    assert isinstance(first, StepRecord) and len(wall.itls) == 1
+    # what the view leaves out is the time outside the session's commands: the pause, plus microseconds
+    assert pause <= wall.ttft - request.ttft < pause + 0.1
+    assert pause <= wall.itls[0] - request.itl_mean < pause + 0.1
+    assert 0 < request.ttft and 0 < request.itl_mean
 
 
 def test_prompt_box_text(model):

@@ -7,8 +7,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tinyvllm.demo import DEMO_MODEL_DIR, LLAMA3_SPECIAL_TOKENS, build_demo_model
+from tinyvllm.golden_check import DEFAULT_GOLDENS
 
-GOLDENS = DEMO_MODEL_DIR.parent.parent / "goldens" / "demo.npz"
+GOLDENS = DEFAULT_GOLDENS
 MODEL_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "model.safetensors"]
 

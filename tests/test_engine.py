@@ -146,3 +146,12 @@ def test_llm_api_and_metrics(model):
     summary = llm.metrics()
     assert summary.num_completed == 3 and summary.ttft.count == 3 and summary.output_throughput > 0
     assert all(m.ttft is not None and m.e2e >= m.ttft for m in summary.requests)
+
+
+def test_requests_and_sequences_count_their_ids_apart(model):
+    e = engine(model)
+    ids = [e.add_request(p, GREEDY) for p in PROMPTS[:3]]
+    assert ids == ["0", "1", "2"]
+    assert [e.request(i).seq.seq_id for i in ids] == [0, 1, 2]
+    assert e.add_request(PROMPTS[3], GREEDY, request_id="4") == "4"
+    assert e.add_request(PROMPTS[3], GREEDY) == "3" and e.add_request(PROMPTS[3], GREEDY) == "5"  # 4 is taken

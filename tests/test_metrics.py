@@ -170,17 +170,41 @@ def test_step_series_aggregates():
     assert [tuple(vars(x).values()) for x in s.steps] == steps
 
 
-def test_json_round_trip_keeps_requests_and_steps():
+def test_json_round_trip_keeps_requests_and_steps_with_units_in_the_keys():
     collector = feed(MetricsCollector(), SCENARIO)
     collector.on_step(T0 + 0.1, 3, 0, 0.5, 3, 0.25)
     s = collector.summary()
-    d = s.to_json_dict()
+    d = s.to_json_dict({"a": {"text": "the output"}})
     assert json.loads(json.dumps(d, allow_nan=False)) == d
     assert [r["request_id"] for r in d["requests"]] == list(SCENARIO)
-    assert d["requests"][0]["itls"] == expected(*SCENARIO["a"][:4])["itls"]
-    assert d["steps"] == [dict(t=T0 + 0.1, num_running=3, num_waiting=0, kv_usage=0.5,
-                               num_batched_tokens=3, prefix_hit_rate=0.25)]
-    assert d["ttft"]["p95"] == s.ttft.p95 and d["num_completed"] == 3
+    a = expected(*SCENARIO["a"][:4])
+    first = d["requests"][0]
+    assert first["itls_ms"] == pytest.approx([1000 * x for x in a["itls"]], rel=1e-12)
+    assert first["ttft_ms"] == pytest.approx(1000 * a["ttft"], rel=1e-12)
+    assert first["e2e_ms"] == pytest.approx(1000 * a["e2e"], rel=1e-12)
+    assert first["arrival_s"] == 0.0 and d["requests"][1]["arrival_s"] == pytest.approx(0.02, rel=1e-9)
+    assert first["text"] == "the output" and "text" not in d["requests"][1]
+    assert d["steps"] == [dict(t_s=pytest.approx(0.1, rel=1e-9), num_running=3, num_waiting=0, kv_usage_pct=50.0,
+                               num_batched_tokens=3, prefix_hit_rate_pct=25.0)]
+    assert d["ttft_ms"]["p95"] == pytest.approx(1000 * s.ttft.p95, rel=1e-12) and d["num_completed"] == 3
+    assert d["duration_s"] == s.duration and d["output_throughput_tok_per_s"] == s.output_throughput
+    # every number the table shows is in the JSON, in the table's unit
+    table = format_table(s)
+    for label, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("E2E latency", "e2e_ms"), ("queue time", "queue_time_ms")):
+        row = next(line for line in table.splitlines() if line.startswith(label)).split()[-4:]
+        assert row == [f"{d[key][q]:.2f}" for q in ("mean", "p50", "p95", "p99")], label
+    assert f"KV cache usage: mean {d['kv_usage_mean_pct']:.1f}%" in table
+    assert f"output throughput: {d['output_throughput_tok_per_s']:.2f} tok/s" in table
+
+
+def test_printing_a_summary_shows_the_table_and_its_repr_is_one_short_line():
+    collector = feed(MetricsCollector(), SCENARIO)
+    s = collector.summary()
+    assert str(s) == format_table(s)
+    assert "\n" not in repr(s) and len(repr(s)) < 250
+    assert f"TTFT p50 {1000 * s.ttft.p50:.2f} ms" in repr(s) and "3 requests (3 completed" in repr(s)
+    m = collector.request_metrics("a")
+    assert "\n" not in repr(m) and len(repr(m)) < 200 and f"TTFT {1000 * m.ttft:.2f} ms" in repr(m)
 
 
 def test_table_names_every_metric_and_shows_milliseconds():

@@ -8,11 +8,53 @@ import sys
 import traceback
 
 from .errors import TinyVLLMError
+from .prompts_file import FORMATS, PromptSpec, read_prompt_specs
 
 # The sampling flags' defaults: greedy. --use-generation-config lets the model's settings fill the flags
 # still at these values.
 SAMPLING_DEFAULTS = {"max_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": None,
                      "min_tokens": 0, "stop": (), "ignore_eos": False}
+CUDA_SETUP_ERRORS = ("CudaSupportError", "CudaDriverError")
+
+
+GENERATE_DESCRIPTION = """\
+Generate for every prompt (--prompt, --prompts-file) and print each result, then a metrics table on
+stderr. Every prompt is checked first: a bad line of a prompts file (not JSON, a missing or empty prompt,
+malformed messages, an unknown field, a bad sampling value) is reported as FILE:LINE and the field before
+the model loads; the other prompts still run, and the exit status is then 1 (as it is when a prompt fails
+in the engine, e.g. one longer than the context)."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; each flag's help ends with its default, unless the help already speaks of
+    it or there is none to show (None, a switch, an empty list)."""
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        default = action.default
+        if ("default" in help or default in (None, argparse.SUPPRESS, [], ()) or isinstance(default, bool)
+                or not action.option_strings):
+            return help
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else "%(default)s"
+        return f"{help} (default: {shown})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every subcommand's parser shows defaults (HelpFormatter) unless it asks for another formatter."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def version() -> str:
+    """The installed package's version (its metadata), or the source tree's when run from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version as installed_version
+    from . import __version__
+    try:
+        return installed_version("tinyvllm")
+    except PackageNotFoundError:
+        return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,36 +74,63 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug of ours: say so plainly, traceback on request
         if os.environ.get("TINYVLLM_DEBUG"):
             traceback.print_exc()
-        print(f"internal error: {type(e).__name__}: {e} (set TINYVLLM_DEBUG=1 for the traceback)", file=sys.stderr)
+        if type(e).__name__ in CUDA_SETUP_ERRORS:  # a GPU was asked for (NUMBA_ENABLE_CUDASIM=0) and is not usable
+            print(f"error: no usable CUDA GPU ({type(e).__name__}: {_first_line(e)}); unset NUMBA_ENABLE_CUDASIM "
+                  f"(tinyvllm then picks numba's CUDA simulator) or set NUMBA_ENABLE_CUDASIM=1", file=sys.stderr)
+            return 1
+        print(f"internal error: {type(e).__name__}: {_first_line(e)} (set TINYVLLM_DEBUG=1 for the traceback)",
+              file=sys.stderr)
         return 70
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tinyvllm", description=__doc__)
-    sub = parser.add_subparsers(metavar="COMMAND")
+def _first_line(e: Exception) -> str:
+    """An exception's message on one line (numba's driver errors span several)."""
+    return " ".join(str(e).split()) or "(no message)"
 
-    g = sub.add_parser("generate", help="generate for one or many prompts, print results and metrics")
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tinyvllm", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(metavar="COMMAND", parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate for one or many prompts, print results and metrics",
+                       description=GENERATE_DESCRIPTION)
     _engine_args(g)
     g.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a prompt (repeatable)")
     g.add_argument("--prompts-file", metavar="FILE",
                    help='one prompt per line, or JSONL (*.jsonl): {"prompt": ...} or {"messages": [...]}, '
-                        "optionally with per-request sampling fields")
+                        "optionally with per-request sampling fields; - reads stdin")
+    g.add_argument("--prompts-format", choices=FORMATS, default="auto",
+                   help="auto: JSONL for *.jsonl files, and for stdin when its first line starts with {")
     g.add_argument("--chat", action="store_true", help="wrap each text prompt in the model's chat template")
     g.add_argument("--system", metavar="TEXT", help="system message for --chat")
     s = g.add_argument_group("sampling (default: greedy)")
     s.add_argument("--max-tokens", type=int, default=SAMPLING_DEFAULTS["max_tokens"], metavar="N",
                    help="new tokens per prompt")
-    s.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS["temperature"], help="0 = greedy")
-    s.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS["top_p"])
-    s.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS["top_k"], help="-1 = off")
-    s.add_argument("--seed", type=int, help="same seed, same output")
-    s.add_argument("--min-tokens", type=int, default=SAMPLING_DEFAULTS["min_tokens"])
-    s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    s.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS["temperature"], metavar="T",
+                   help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS["top_p"], metavar="P",
+                   help="sample from the smallest set of tokens whose probabilities add up to P (1 = off)")
+    s.add_argument("--top-k", type=int, default=SAMPLING_DEFAULTS["top_k"], metavar="K",
+                   help="sample from the K most likely tokens (-1 = off)")
+    s.add_argument("--seed", type=int, metavar="S", help="same seed, same output (default: a random seed per request)")
+    s.add_argument("--min-tokens", type=int, default=SAMPLING_DEFAULTS["min_tokens"], metavar="N",
+                   help="ignore EOS and stop tokens until this many new tokens")
+    s.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string, cut from the output (repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens")
     s.add_argument("--use-generation-config", action="store_true",
                    help="start from the model's generation_config.json (temperature, top_p, top_k)")
-    g.add_argument("--metrics-json", metavar="FILE", help="write per-request and aggregate metrics as JSON")
-    g.add_argument("--quiet-metrics", action="store_true", help="do not print the metrics table")
+    o = g.add_argument_group("output")
+    o.add_argument("--stream", action="store_true",
+                   help="print each output as it is generated (several prompts: in prompt order, each live once "
+                        "the ones before it are done)")
+    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (default: when stderr is a terminal and not --stream)")
+    o.add_argument("--metrics-json", metavar="FILE",
+                   help="write per-request (with each prompt and text) and aggregate metrics as JSON")
+    o.add_argument("--quiet-metrics", action="store_true", help="do not print the metrics table")
     g.set_defaults(run=_generate)
 
     c = sub.add_parser("check-goldens", help="compare every stage of the forward pass with a golden file")
@@ -73,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from . import bench
     b = sub.add_parser("bench", help="benchmark latency, prefill, throughput and serving (optionally vs HF)",
-                       description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=bench.__doc__)
     bench.add_arguments(b)
     from .serving import replay
     replay.add_bench_arguments(b)
@@ -121,9 +190,11 @@ def _engine_args(p):
                    help="KV blocks in the pool (default: max-num-seqs x max-model-len, capped by memory)")
     e.add_argument("--gpu-memory-fraction", type=float, default=0.5, metavar="F",
                    help="share of free GPU memory for the KV pool when --num-blocks is not given")
-    e.add_argument("--batching", choices=("continuous", "static"), default="continuous")
-    e.add_argument("--no-chunked-prefill", action="store_true")
-    e.add_argument("--no-prefix-caching", action="store_true")
+    e.add_argument("--batching", choices=("continuous", "static"), default="continuous",
+                   help="continuous: requests join and leave every step; static: a batch runs to completion")
+    e.add_argument("--no-chunked-prefill", action="store_true",
+                   help="prefill each prompt in one step (default: chunks within the token budget)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prefixes")
 
 
 def _engine(args):
@@ -134,32 +205,6 @@ def _engine(args):
         max_model_len=args.max_model_len, chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, batching=args.batching)
     return LLMEngine(args.model, config)
-
-
-def _read_requests(args) -> list[tuple[object, dict]]:
-    """(prompt, per-request sampling overrides) for every prompt given on the command line or in a file."""
-    requests = [(p, {}) for p in args.prompt]
-    if args.prompts_file:
-        try:
-            with open(args.prompts_file, encoding="utf-8") as f:
-                lines = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
-        except OSError as e:
-            raise TinyVLLMError(f"cannot read prompts file {args.prompts_file}: {e.strerror}") from e
-        for n, line in lines:
-            if not args.prompts_file.endswith(".jsonl"):
-                requests.append((line, {}))
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TinyVLLMError(f"{args.prompts_file}:{n}: not JSON ({e.msg})") from e
-            if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
-                raise TinyVLLMError(f'{args.prompts_file}:{n}: expected an object with "prompt" or "messages"')
-            prompt = item.pop("prompt", None) or item.pop("messages")
-            requests.append((prompt, item))
-    if not requests:
-        raise TinyVLLMError("no prompt given: use --prompt TEXT (repeatable) or --prompts-file FILE")
-    return requests
 
 
 def _sampling_params(args, overrides: dict, where: str):
@@ -181,35 +226,96 @@ def _sampling_params(args, overrides: dict, where: str):
         raise TinyVLLMError(f"{where}: {e}") from e
 
 
+def _checked_specs(args) -> list[PromptSpec]:
+    """Every prompt with its SamplingParams (`spec.params`) or its error. A bad flag fails them all (raised);
+    a bad line of a prompts file fails only that line."""
+    specs = read_prompt_specs(args.prompt, args.prompts_file, args.prompts_format)
+    for spec in specs:
+        if spec.error is None:
+            if not spec.overrides:  # only the flags decide: their error is everyone's
+                spec.params = _sampling_params(args, {}, "invalid sampling parameters")
+                continue
+            try:
+                spec.params = _sampling_params(args, spec.overrides, spec.source)
+            except TinyVLLMError as e:
+                spec.error = str(e)
+        if args.chat and isinstance(spec.prompt, str):
+            spec.prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": spec.prompt}]
+    return specs
+
+
+def _shown(prompt) -> str:
+    """A prompt as its results line shows it: the text, or a chat's last message."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        return repr(prompt[-1].get("content"))
+    return repr(prompt)
+
+
 def _generate(args) -> int:
     from .metrics import format_table
-    requests = _read_requests(args)
-    # Every request's sampling parameters are checked before the model is loaded.
-    params = [_sampling_params(args, overrides, "invalid sampling parameters" if not overrides else f"request {i}")
-              for i, (_, overrides) in enumerate(requests)]
-    prompts = []
-    for prompt, _ in requests:
-        if args.chat and isinstance(prompt, str):
-            prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
-                {"role": "user", "content": prompt}]
-        prompts.append(prompt)
+    specs = _checked_specs(args)
+    # Bad lines are reported now, before the model loads; the others run; the exit status is then 1.
+    for spec in specs:
+        if spec.error:
+            print(f"error: {spec.error}", file=sys.stderr)
+    good = [spec for spec in specs if spec.error is None]
+    if not good:
+        print("error: no valid request to run", file=sys.stderr)
+        return 1
     engine = _engine(args)
-    print(f"generating for {len(prompts)} prompt(s)", file=sys.stderr)
-    outputs = engine.generate(prompts, params)
-    for i, (prompt, out) in enumerate(zip(prompts, outputs)):
-        shown = prompt[-1].get("content") if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) else prompt
-        print(f"[{i}] {shown!r}")
-        if out.error:
-            print(f"    error: {out.error}")
-        else:
-            print(f"    -> {out.text!r}  ({len(out.token_ids)} tokens, {out.finish_reason})")
+    print(f"generating for {len(good)} prompt(s)", file=sys.stderr)
+    for spec in good:
+        spec.request_id = engine.add_request(spec.prompt, spec.params)
+    final = _run_with_live_output(engine, args, specs)
+    for i, spec in enumerate(specs):
+        out = final.get(spec.request_id)
+        if spec.error is not None:
+            print(f"[{i}] error: {spec.error}")
+        elif not args.stream:  # --stream printed it already
+            print(f"[{i}] {_shown(spec.prompt)}")
+            print(f"    error: {out.error}" if out.error else
+                  f"    -> {out.text!r}  ({len(out.token_ids)} tokens, {out.finish_reason})")
     summary = engine.metrics.summary()
     if not args.quiet_metrics:
         print(format_table(summary), file=sys.stderr)
     if args.metrics_json:
+        extras = {spec.request_id: {"source": spec.source, "prompt": engine.request(spec.request_id).prompt,
+                                    "text": final[spec.request_id].text, "error": final[spec.request_id].error}
+                  for spec in good}
+        report = summary.to_json_dict(extras)
+        report["rejected"] = [{"source": spec.source, "error": spec.error} for spec in specs if spec.error]
         with open(args.metrics_json, "w", encoding="utf-8") as f:
-            json.dump(summary.to_json_dict(), f, indent=1)
-    return 1 if any(o.error for o in outputs) else 0
+            json.dump(report, f, indent=1)
+    return 1 if len(good) < len(specs) or any(o.error for o in final.values()) else 0
+
+
+def _run_with_live_output(engine, args, specs: list[PromptSpec]) -> dict:
+    """Step the engine until every request has finished, feeding --stream and the progress bar; returns
+    request id -> final RequestOutput."""
+    from .live_output import OrderedStream, ProgressBar
+    good = [spec for spec in specs if spec.error is None]
+    listeners = []
+    if args.stream:
+        stream = OrderedStream()
+        for i, spec in enumerate(specs):
+            if spec.error is None:
+                stream.add(spec.request_id, f"[{i}] {_shown(spec.prompt)}", spec.params.stop)
+        listeners.append(stream.update)
+    show_progress = args.progress if args.progress is not None else sys.stderr.isatty() and not args.stream
+    progress = ProgressBar({spec.request_id: spec.params.max_tokens for spec in good}) if show_progress else None
+    if progress:
+        listeners.append(progress.update)
+    final = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            for listen in listeners:
+                listen(out)
+            if out.finished:
+                final[out.request_id] = out
+    if progress:
+        progress.close()
+    return final
 
 
 def _check_goldens(args) -> int:
@@ -243,11 +349,19 @@ def _check_goldens(args) -> int:
     return 1
 
 
-def _debug(args) -> int:
+def debug_app(args):
+    """The debugger app `tinyvllm debug` runs, on an engine and session made from the arguments."""
     from debugger.app import DebuggerApp
     from .trace import session_from_args
-    DebuggerApp(session_from_args(args, _engine(args))).run()
-    return 0
+    return DebuggerApp(session_from_args(args, _engine(args)))
+
+
+def _debug(args) -> int:
+    app = debug_app(args)
+    app.run()
+    if app.failure is not None:  # the app exited on an unhandled exception: main() gives it one line
+        raise app.failure
+    return app.return_code or 0
 
 
 def _trace(args) -> int:

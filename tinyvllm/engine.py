@@ -197,7 +197,8 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._by_seq_id: dict[int, _Request] = {}
         self._rejected: list[_Request] = []
-        self._ids = itertools.count()
+        self._request_ids = itertools.count()   # "0", "1", ... for requests given no id
+        self._seq_ids = itertools.count()       # the scheduler's sequences, a count of their own
         self._seed_rng = np.random.default_rng()
         self.last_schedule: SchedulerOutput | None = None
         self.last_batch: ForwardBatch | None = None
@@ -214,7 +215,9 @@ class LLMEngine:
         step's outputs, and the other requests are unaffected. Without params: the model's
         generation_config.json settings (as vLLM does)."""
         params = params or self.default_params
-        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id is None:  # the next free number
+            request_id = next(i for i in map(str, self._request_ids) if i not in self._requests)
+        request_id = str(request_id)
         if request_id in self._requests:
             raise TinyVLLMError(f"request id {request_id!r} is already in use")
         text, ids, error = self._tokenize(prompt)
@@ -224,7 +227,7 @@ class LLMEngine:
         self.metrics.on_arrival(request_id, time.perf_counter(), len(ids))
         error = error or self._prompt_error(ids, params)
         if error is None:
-            request.seq = Sequence(next(self._ids), ids, max_tokens=self._max_tokens(ids, params), data=request,
+            request.seq = Sequence(next(self._seq_ids), ids, max_tokens=self._max_tokens(ids, params), data=request,
                                    skip_prefix_cache=params.prompt_logprobs is not None)
             try:
                 self.scheduler.add(request.seq)

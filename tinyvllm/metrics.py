@@ -11,10 +11,14 @@ Aggregates are mean / p50 / p95 / p99 with linear-interpolation percentiles (num
 one still running is counted as unfinished. ITL pools every gap of every completed request (as vLLM
 does); TPOT and the rest take one value per request. Throughput divides by the run's wall time: first
 to last timestamp the collector saw.
+
+Objects are in seconds; `print(summary)` shows the table (`format_table`), `repr` one line. The JSON
+(`MetricsSummary.to_json_dict`) names each number's unit in its key, as the table shows it: `_ms`
+milliseconds, `_s` seconds (times of events count from the run's first timestamp), `_per_s` per second,
+`_pct` percent; counts have no suffix. Latency stats are objects {count, mean, p50, p95, p99}.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,6 +39,32 @@ class RequestMetrics:
     itls: list[float] = field(default_factory=list)
     tpot: float | None = None
     e2e: float | None = None
+
+    def __repr__(self) -> str:
+        itl = f"ITL mean {_ms(sum(self.itls) / len(self.itls))} ({len(self.itls)} gaps)" if self.itls else "ITL -"
+        return (f"<RequestMetrics {self.request_id}: {self.prompt_tokens} prompt + {self.output_tokens} output "
+                f"tokens, {self.finish_reason or 'running'} · queue {_ms(self.queue_time)} · TTFT {_ms(self.ttft)} · "
+                f"{itl} · TPOT {_ms(self.tpot)} · E2E {_ms(self.e2e)}>")
+
+    def to_json_dict(self, start_time: float = 0.0) -> dict:
+        """Units in the keys (module docstring); `arrival_s` counts from `start_time`."""
+        return {"request_id": self.request_id, "arrival_s": self.arrival_time - start_time,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+                "finish_reason": self.finish_reason, "queue_time_ms": _to_ms(self.queue_time),
+                "ttft_ms": _to_ms(self.ttft), "itls_ms": [1000.0 * x for x in self.itls],
+                "tpot_ms": _to_ms(self.tpot), "e2e_ms": _to_ms(self.e2e)}
+
+
+def _to_ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000.0 * seconds:.2f} ms"
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else 100.0 * fraction
 
 
 @dataclass
@@ -104,9 +134,44 @@ class MetricsSummary:
     requests: list[RequestMetrics]
     steps: list[StepSample]
 
-    def to_json_dict(self) -> dict:
-        """Plain dicts, lists, numbers, strings and None: ready for json.dumps."""
-        return dataclasses.asdict(self)
+    def __str__(self) -> str:
+        return format_table(self)
+
+    def __repr__(self) -> str:
+        def p50(name):
+            return _ms(getattr(self, name).p50)
+        return (f"<MetricsSummary {self.num_requests} requests ({self.num_completed} completed, {self.num_errored} "
+                f"errored, {self.num_unfinished} unfinished) in {self.duration:.3f} s · TTFT p50 {p50('ttft')} · "
+                f"ITL p50 {p50('itl')} · TPOT p50 {p50('tpot')} · E2E p50 {p50('e2e')} · "
+                f"{self.output_throughput:.2f} output tok/s>")
+
+    def to_json_dict(self, request_extras: dict | None = None) -> dict:
+        """Plain dicts, lists, numbers, strings and None, ready for json.dumps, with units in the keys (see
+        the module docstring). `request_extras`: request id -> more fields for that request (its text)."""
+        start = self.start_time or 0.0
+        extras = request_extras or {}
+
+        def stats(s: Stats, scale: float = 1.0) -> dict:
+            return {"count": s.count, **{q: None if getattr(s, q) is None else scale * getattr(s, q)
+                                         for q in ("mean", "p50", "p95", "p99")}}
+        return {
+            "num_requests": self.num_requests, "num_completed": self.num_completed,
+            "num_errored": self.num_errored, "num_unfinished": self.num_unfinished,
+            "duration_s": self.duration,
+            "total_prompt_tokens": self.total_prompt_tokens, "total_output_tokens": self.total_output_tokens,
+            "request_throughput_per_s": self.request_throughput,
+            "output_throughput_tok_per_s": self.output_throughput,
+            **{f"{name}_ms": stats(getattr(self, name), 1000.0) for _, name in _LATENCY_ROWS},
+            **{name: stats(getattr(self, name)) for _, name in _TOKEN_ROWS},
+            "running_mean": self.running_mean, "running_max": self.running_max,
+            "waiting_mean": self.waiting_mean, "waiting_max": self.waiting_max,
+            "kv_usage_mean_pct": _pct(self.kv_usage_mean), "kv_usage_max_pct": _pct(self.kv_usage_max),
+            "prefix_hit_rate_pct": _pct(self.prefix_hit_rate),
+            "requests": [{**m.to_json_dict(start), **extras.get(m.request_id, {})} for m in self.requests],
+            "steps": [{"t_s": x.t - start, "num_running": x.num_running, "num_waiting": x.num_waiting,
+                       "kv_usage_pct": 100.0 * x.kv_usage, "num_batched_tokens": x.num_batched_tokens,
+                       "prefix_hit_rate_pct": 100.0 * x.prefix_hit_rate} for x in self.steps],
+        }
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""Scheduler panel: every request with its state, prompt, progress, output so far and latencies."""
+"""Scheduler panel: every request with its state, prompt, progress, output so far and latencies.
+
+Below WIDE_COLUMNS columns the cells are shorter (prompt and output cut sooner, no finish reason, golden
+prompt and agreeing greedy tokens without the word "greedy"), so every column stays in view at 100 wide.
+"""
 from __future__ import annotations
 
 from rich.text import Text
@@ -11,46 +15,69 @@ from ..session import RequestView, SessionView
 STATE_STYLES = {"waiting": "yellow", "preempted": "magenta", "prefill": "cyan", "chunked": "cyan",
                 "decode": "green", "finished": "dim", "error": "red"}
 RUNNING = ("prefill", "chunked", "decode")
+WIDE_COLUMNS = 120
+COLUMNS = {False: ("id", "state", "prompt", "prompt/done/out", "output", "TTFT ms", "ITL ms", "golden"),
+           True: ("id", "state", "prompt", "p/done/out", "output", "TTFT ms", "ITL ms", "golden")}
+PROMPT_CHARS = {False: 28, True: 18}
+OUTPUT_CHARS = {False: 24, True: 14}
 
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
 
+def _cut(text: str, limit: int) -> str:
+    text = text.replace("\n", "⏎")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 class SchedulerPanel(Vertical):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.view: SessionView | None = None
+        self.compact: bool | None = None
+
     def compose(self) -> ComposeResult:
         yield Static(id="scheduler-summary")
-        table = DataTable(id="scheduler-table", cursor_type="row", zebra_stripes=True)
-        table.add_columns("id", "state", "prompt", "prompt/done/out", "output", "TTFT ms", "ITL ms", "golden")
-        yield table
+        yield DataTable(id="scheduler-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
         self.border_title = "Scheduler"
 
+    def on_resize(self) -> None:
+        if self.view is not None and self.compact != (0 < self.size.width < WIDE_COLUMNS):
+            self.show(self.view)
+
     def show(self, view: SessionView) -> None:
+        self.view = view
         states = [r.state for r in view.requests]
         running = sum(s in RUNNING for s in states)
         waiting = sum(s in ("waiting", "preempted") for s in states)
         finished = sum(s in ("finished", "error") for s in states)
         where = f"step {view.step} in progress" if view.in_step else f"before step {view.step}"
-        self.query_one("#scheduler-summary", Static).update(
+        self.query_one("#scheduler-summary", Static).update(Text(
             f"{where} · running {running} · waiting {waiting} · finished {finished}"
-            + (" · all requests done" if view.idle else ""))
+            + (" · all requests done" if view.idle else "")))
         table = self.query_one("#scheduler-table", DataTable)
+        compact = 0 < self.size.width < WIDE_COLUMNS
+        if compact != self.compact:
+            self.compact = compact
+            table.clear(columns=True)
+            table.add_columns(*COLUMNS[compact])
         table.clear()
         for r in view.requests:
-            table.add_row(*self._cells(r), key=r.request_id)
+            table.add_row(*self._cells(r, compact), key=r.request_id)
 
     @staticmethod
-    def _cells(r: RequestView) -> list:
-        prompt = r.prompt.replace("\n", "⏎")
-        prompt = prompt if len(prompt) <= 28 else prompt[:27] + "…"
-        output = (r.error or r.output_text).replace("\n", "⏎")
-        output = output if len(output) <= 24 else output[:23] + "…"
-        state = r.state + (f" ({r.finish_reason})" if r.finish_reason and r.state != "error" else "")
+    def _cells(r: RequestView, compact: bool = False) -> list:
+        prompt = _cut(r.prompt, PROMPT_CHARS[compact])
+        output = _cut(r.error or r.output_text, OUTPUT_CHARS[compact])
+        state = r.state
+        if r.finish_reason and r.state != "error" and not compact:
+            state += f" ({r.finish_reason})"
         golden = "-" if r.golden_prompt is None else f"p{r.golden_prompt}"
         if r.greedy_agree is not None:
-            golden += f" {r.greedy_agree[0]}/{r.greedy_agree[1]} greedy"
+            golden += f" {r.greedy_agree[0]}/{r.greedy_agree[1]}" + ("" if compact else " greedy")
         return [r.request_id, Text(state, style=STATE_STYLES.get(r.state, "")), prompt,
                 f"{r.num_prompt_tokens}/{r.num_computed_tokens}/{len(r.output_token_ids)}", output,
                 _ms(r.ttft), _ms(r.itl_mean), golden]

@@ -1,6 +1,8 @@
 """Tensor inspector: the latest stage's output: stats, a sparkline of one token's row, a slice of values.
 
-The output is viewed as [tokens, features] (q/k/v's heads flattened); `[` and `]` pick the row.
+The output is viewed as [tokens, features] (q/k/v's heads flattened); `[` and `]` pick the row. Each row
+is labelled request:position (a mixed batch holds several requests' tokens, and the logits of a step
+without golden prompts only the rows that sample).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from textual.widgets import DataTable, Sparkline, Static
 from ..session import StageRecord, as_rows
 
 MAX_ROWS, MAX_COLS = 64, 48
+NARROW = 60   # below this many columns: shorter header and row line
 
 
 class TensorInspector(Vertical):
@@ -31,6 +34,11 @@ class TensorInspector(Vertical):
     def on_mount(self) -> None:
         self.border_title = "Tensor"
 
+    def on_resize(self) -> None:
+        if self.record is not None:  # the text lines fit themselves to the width; the table scrolls
+            self._show_text(self.record)
+            self._show_row()
+
     def show(self, record: StageRecord | None) -> None:
         if record is None:
             self.query_one("#inspector-header", Static).update("no stage has run yet: press s")
@@ -42,13 +50,18 @@ class TensorInspector(Vertical):
         if record is self.record:
             return
         self.record = record
-        layer = "" if record.layer is None else f" · layer {record.layer}"
-        self.query_one("#inspector-header", Static).update(Text.assemble(
-            ("stage ", "dim"), (record.name, "bold"), f" · step {record.step} · #{record.index}{layer}\n",
-            ("kernel ", "dim"), record.kernel, f" · {record.seconds * 1000:.1f} ms"))
-        self.query_one("#inspector-stats", Static).update(record.stats.describe())
-        self._show_values(as_rows(record.values))
+        self._show_text(record)
+        self._show_values(as_rows(record.values), record.row_labels)
         self._show_row()
+
+    def _show_text(self, record: StageRecord) -> None:
+        narrow = self.size.width < NARROW
+        layer = "" if record.layer is None or narrow else f" · layer {record.layer}"  # narrow: in the name
+        self.query_one("#inspector-header", Static).update(Text.assemble(
+            ("" if narrow else "stage ", "dim"), (record.name, "bold"),
+            f" · step {record.step} · #{record.index}{layer}\n",
+            ("kernel ", "dim"), record.kernel, f" · {record.seconds * 1000:.1f} ms"))
+        self.query_one("#inspector-stats", Static).update(Text(record.stats.describe(self.size.width or None)))
 
     def select_row(self, delta: int) -> None:
         if self.record is None:
@@ -63,21 +76,25 @@ class TensorInspector(Vertical):
         row = self.row % values.shape[0]
         data = values[row].astype(np.float64)
         finite = np.where(np.isfinite(data), data, 0.0)
-        self.query_one("#inspector-row-label", Static).update(
-            f"row {row} of {values.shape[0]} ({values.shape[1]} values, min {finite.min():.4g} "
-            f"max {finite.max():.4g}):")
+        labels = self.record.row_labels
+        owner = ""
+        if labels:
+            request, position = labels[row].split(":")
+            owner = f" · req {request} pos {position}"
+        extent = f" · min {finite.min():.4g} max {finite.max():.4g}" if self.size.width >= NARROW else ""
+        self.query_one("#inspector-row-label", Static).update(Text(f"row {row} of {values.shape[0]}{owner}{extent}:"))
         self.query_one("#inspector-sparkline", Sparkline).data = finite.tolist()
 
-    def _show_values(self, values: np.ndarray) -> None:
+    def _show_values(self, values: np.ndarray, labels: tuple[str, ...] = ()) -> None:
         table = self.query_one("#inspector-values", DataTable)
         table.clear(columns=True)
         rows, cols = min(values.shape[0], MAX_ROWS), min(values.shape[1], MAX_COLS)
-        table.add_column("row")
+        table.add_column("req:pos" if labels else "row")
         table.add_columns(*[str(c) for c in range(cols)])
         if cols < values.shape[1]:
             table.add_column(f"…{values.shape[1] - cols} more")
         for r in range(rows):
             cells = [f"{v:.4g}" for v in values[r, :cols]]
-            table.add_row(str(r), *cells, *(["…"] if cols < values.shape[1] else []))
+            table.add_row(labels[r] if labels else str(r), *cells, *(["…"] if cols < values.shape[1] else []))
         if rows < values.shape[0]:
             table.add_row(f"…{values.shape[0] - rows} more", *[""] * (len(table.columns) - 1))

@@ -7,8 +7,10 @@ from ..session import TimelineEntry
 
 
 def format_entry(e: TimelineEntry) -> str:
-    ms = "" if e.seconds is None else f"{e.seconds * 1000:9.1f} ms"
-    return f"step {e.step:>3}  {e.name:<22} {ms:>12}  {e.kernel}"
+    """`  0  layers.0.attn   61.7 ms  paged_attention...`: step, stage and time first, so a narrow panel still
+    shows them (the kernel scrolls)."""
+    ms = "" if e.seconds is None else f"{e.seconds * 1000:.1f} ms"
+    return f"{e.step:>3}  {e.name:<22} {ms:>9}  {e.kernel}"
 
 
 class TimelinePanel(Log):
@@ -17,7 +19,7 @@ class TimelinePanel(Log):
         self.shown = 0
 
     def on_mount(self) -> None:
-        self.border_title = "Timeline"
+        self.border_title = "Timeline · step · stage · host time · kernel"
 
     def show(self, timeline: tuple[TimelineEntry, ...]) -> None:
         if len(timeline) < self.shown:  # a reset

@@ -127,7 +127,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", dest="workloads", type=_name_list, default=d.workloads, metavar="LIST",
                    help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)")
     p.add_argument("--out", default=d.out, metavar="DIR", help="where bench.json/.csv/.png go (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the random prompts, lengths and arrivals")
     p.add_argument("--max-seconds", type=float, default=d.max_seconds, metavar="S",
                    help="stop each run (workload x system x batching mode) after S seconds (default: %(default)s)")
     p.add_argument("--compare", choices=("hf",), help="also run HF transformers (bf16 generate) on the same GPU")
@@ -135,7 +135,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only merge these bench.json files (e.g. a tinyvllm run and an --hf-only run) into --out")
     p.add_argument("--hf-only", action="store_true",
                    help="run only the HF side of --compare hf (e.g. on a second GPU beside a tinyvllm run)")
-    p.add_argument("--hf-batch-size", type=int, default=d.hf_batch_size, metavar="N")
+    p.add_argument("--hf-batch-size", type=int, default=d.hf_batch_size, metavar="N",
+                   help="HF throughput: requests per static batch")
     p.add_argument("--hf-device", default=d.hf_device, help="cpu: a slow dry run of the HF path (default: cuda)")
     p.add_argument("--copy-mib", type=int, default=d.copy_mib, metavar="MIB",
                    help="size of the bandwidth-measuring copy (default: %(default)s)")
@@ -143,29 +144,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the warm-up (timings then include numba's compilation; for quick checks)")
     w = p.add_argument_group("workload sizes")
-    w.add_argument("--latency-prompt", type=int, default=d.latency_prompt, metavar="N")
-    w.add_argument("--latency-new-tokens", type=int, default=d.latency_new_tokens, metavar="N")
-    w.add_argument("--prefill-lens", type=_int_list, default=d.prefill_lens, metavar="LIST")
-    w.add_argument("--prefill-repeats", type=int, default=d.prefill_repeats, metavar="N")
+    w.add_argument("--latency-prompt", type=int, default=d.latency_prompt, metavar="N", help="latency: prompt tokens")
+    w.add_argument("--latency-new-tokens", type=int, default=d.latency_new_tokens, metavar="N",
+                   help="latency: new tokens")
+    w.add_argument("--prefill-lens", type=_int_list, default=d.prefill_lens, metavar="LIST",
+                   help="prefill: comma-separated prompt lengths")
+    w.add_argument("--prefill-repeats", type=int, default=d.prefill_repeats, metavar="N",
+                   help="prefill: runs per length (the median is reported)")
     w.add_argument("--num-requests", type=int, default=d.num_requests, metavar="N", help="throughput requests")
     w.add_argument("--min-len", type=int, default=d.min_len, metavar="N", help="prompt (and output) length range")
-    w.add_argument("--max-len", type=int, default=d.max_len, metavar="N")
+    w.add_argument("--max-len", type=int, default=d.max_len, metavar="N", help="upper end of --min-len's range")
     w.add_argument("--min-output-len", type=int, metavar="N", help="output length range (default: --min/max-len)")
-    w.add_argument("--max-output-len", type=int, metavar="N")
+    w.add_argument("--max-output-len", type=int, metavar="N", help="upper end of --min-output-len's range")
     w.add_argument("--batching", type=_name_list, default=d.batching, metavar="LIST",
                    help="throughput modes (default: continuous,static)")
-    w.add_argument("--serving-requests", type=int, default=d.serving_requests, metavar="N")
+    w.add_argument("--serving-requests", type=int, default=d.serving_requests, metavar="N",
+                   help="serving: requests")
     w.add_argument("--request-rate", type=float, default=d.request_rate, metavar="R",
                    help="serving arrivals per second, Poisson (inf: all at once; default: %(default)s)")
     e = p.add_argument_group("engine")
     e.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, metavar="N",
                    help="sequences in flight; static batching runs batches of this size (default: %(default)s)")
-    e.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, metavar="N")
-    e.add_argument("--block-size", type=int, default=d.block_size, metavar="N")
+    e.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, metavar="N",
+                   help="token budget per step")
+    e.add_argument("--block-size", type=int, default=d.block_size, metavar="N", help="tokens per KV block")
     e.add_argument("--num-blocks", type=int, metavar="N", help="KV blocks (default: from free GPU memory)")
-    e.add_argument("--gpu-memory-fraction", type=float, default=d.gpu_memory_fraction, metavar="F")
+    e.add_argument("--gpu-memory-fraction", type=float, default=d.gpu_memory_fraction, metavar="F",
+                   help="share of free GPU memory for the KV pool when --num-blocks is not given")
     e.add_argument("--max-model-len", type=int, metavar="N", help="default: what the workloads need")
-    e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="do not reuse KV blocks of shared prefixes")
     h = p.add_argument_group("a running server (--base-url): the serving / throughput workloads over HTTP")
     h.add_argument("--base-url", metavar="URL",
                    help="an OpenAI-compatible server (tinyvllm serve, vLLM): send the workloads there as streamed "

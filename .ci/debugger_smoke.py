@@ -1,0 +1,30 @@
+"""The debugger, headless, from an installed tinyvllm (run by .ci/wheel_smoke outside the checkout).
+
+Builds the app exactly as `tinyvllm debug` does (its stylesheet, the shipped goldens), presses l at
+100 x 30 and checks that the first layer ran and every golden stage passed.
+"""
+import asyncio
+import sys
+
+import tinyvllm
+from tinyvllm import cli
+
+
+async def main() -> None:
+    assert "site-packages" in tinyvllm.__file__, f"not the installed package: {tinyvllm.__file__}"
+    app = cli.debug_app(cli._parser().parse_args(["debug"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("l")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        status = str(app.query_one("#status").content)
+        rows = app.session.view().golden.rows
+    assert app.failure is None, app.failure
+    assert status == "stopped after 11 events at layers.0.output", status
+    assert len(rows) == 11 and all(r.status == "pass" for r in rows), rows
+    print(f"debugger smoke test: PASS ({status}; {len(rows)} golden stages pass)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)
