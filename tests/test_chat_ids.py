@@ -39,14 +39,15 @@ def test_llm_chat_and_a_single_conversation_run_transformers_chat_ids(llm):  # p
 
 @pytest.fixture
 def engine_outputs(monkeypatch):
-    """Every RequestOutput LLMEngine.generate returns while the test runs the command in-process."""
-    seen, generate = [], LLMEngine.generate
+    """Every finished RequestOutput the engine's steps return while the test runs the command in-process
+    (`generate` drives LLMEngine.step itself, for its progress bar and --stream)."""
+    seen, step = [], LLMEngine.step
 
     def recording(self, *args, **kwargs):
-        outputs = generate(self, *args, **kwargs)
-        seen.extend(outputs)
+        outputs = step(self, *args, **kwargs)
+        seen.extend(o for o in outputs if o.finished)
         return outputs
-    monkeypatch.setattr(LLMEngine, "generate", recording)
+    monkeypatch.setattr(LLMEngine, "step", recording)
     return seen
 
 

@@ -88,7 +88,7 @@ def test_two_tasks_on_one_engine_get_their_own_scores(model):
     jobs = [LoglikelihoodJob([3, 4, 5], [(6,), (7,)])]
     first = collect(EngineBackend(e).loglikelihoods, jobs)
     second = collect(EngineBackend(e).loglikelihoods, jobs)
-    assert first == second and len(e._requests) == 2
+    assert first == second
 
 
 def test_generation_adapter_gives_the_engines_greedy_text(model):
