@@ -210,14 +210,16 @@ def _checked_specs(args) -> list[PromptSpec]:
     a bad line of a prompts file fails only that line."""
     specs = read_prompt_specs(args.prompt, args.prompts_file, args.prompts_format)
     for spec in specs:
-        if spec.error is None:
-            if not spec.overrides:  # only the flags decide: their error is everyone's
-                spec.params = _sampling_params(args, {}, "invalid sampling parameters")
-                continue
+        if spec.error is not None:
+            continue
+        if not spec.overrides:  # only the flags decide: their error is everyone's (raised)
+            spec.params = _sampling_params(args, {}, "invalid sampling parameters")
+        else:
             try:
                 spec.params = _sampling_params(args, spec.overrides, spec.source)
             except TinyVLLMError as e:
                 spec.error = str(e)
+                continue
         if args.chat and isinstance(spec.prompt, str):
             spec.prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
                 {"role": "user", "content": spec.prompt}]
