@@ -1,6 +1,6 @@
 """Write the golden file (docs/architecture.md, "Golden file format") from Hugging Face transformers.
 
-    python goldens/make_goldens.py [--model DIR] [--out tinyvllm/goldens/demo.npz] [--max-new-tokens 8]
+    python goldens/make_goldens.py [--model DIR | --model FILE.gguf] [--out tinyvllm/goldens/demo.npz] [--max-new-tokens 8]
 
 Prompts are tokenized by transformers' own tokenizer and chat template (date fixed), every stage is
 captured from transformers' LlamaForCausalLM in float32, so nothing here comes from tinyvllm.
@@ -40,11 +40,21 @@ MIN_TOP2_MARGIN = 1e-3
 
 
 def weights_sha256(model_dir: Path) -> str:
-    """sha256 over the model's safetensors files (sorted by name), so goldens pin the exact weights."""
+    """sha256 over the model's safetensors files (sorted by name), or of the .gguf file, so goldens pin the
+    exact weights."""
     digest = hashlib.sha256()
-    for shard in sorted(model_dir.glob("*.safetensors")):
+    for shard in [model_dir] if model_dir.is_file() else sorted(model_dir.glob("*.safetensors")):
         digest.update(shard.read_bytes())
     return digest.hexdigest()
+
+
+def load_model_and_tokenizer(model_path: Path):
+    """An HF model directory, or a .gguf file read by transformers' own GGUF loader (goldens/hf_gguf.py:
+    weights rounded to bf16, as tinyvllm computes with them)."""
+    if model_path.suffix == ".gguf":
+        from goldens.hf_gguf import load_hf_gguf_model, load_hf_gguf_tokenizer
+        return load_hf_gguf_model(model_path), load_hf_gguf_tokenizer(model_path)
+    return load_hf_model(model_path), AutoTokenizer.from_pretrained(model_path)
 
 
 def prompt_ids(tokenizer, prompt: dict) -> tuple[list[int], str]:
@@ -65,8 +75,7 @@ def greedy_margins(model, input_ids: list[int], greedy: list[int]) -> list[float
 
 
 def make_goldens(model_dir: Path, out: Path, max_new_tokens: int) -> None:
-    model = load_hf_model(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model, tokenizer = load_model_and_tokenizer(model_dir)
     stages = stage_names(model.config.num_hidden_layers)
     arrays = {}
     texts = []

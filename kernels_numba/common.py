@@ -4,14 +4,24 @@ numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, set before numba is imported) ru
 CUDA thread. It has no warp shuffles and rejects some jit options, so kernels use shared-memory
 reductions and this `jit` drops the options the simulator does not know.
 
+On a GPU every kernel made by this `jit` is cached on disk (numba's cache=True), so a second process
+loads the compiled code instead of compiling it again (~30 s saved per start). numba checks a cached kernel
+against its own source file only, not the device functions it calls from other files, so the cache lives
+in a directory named by a digest of every source file of this package: `kernel_cache_dir()`,
+$XDG_CACHE_HOME/tinyvllm/numba/<digest> (~/.cache when XDG_CACHE_HOME is unset; numba's default, __pycache__
+beside the sources, fails in a read-only site-packages). A NUMBA_CACHE_DIR set by the user is used as it is.
+
 No module here may have "numba.cuda" in its dotted name (e.g. kernels_numba.cuda_x): numba-cuda's
 import redirector hijacks such names and recurses forever.
 """
+import hashlib
 import math
+import os
 import sys
 import threading
 import types
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -66,11 +76,56 @@ if SIMULATOR:
 _GPU_ONLY_OPTIONS = ("lineinfo", "launch_bounds", "max_registers", "lto", "forceinline")
 
 
+_OUR_CACHE_DIR = "TINYVLLM_KERNEL_CACHE_DIR"  # the NUMBA_CACHE_DIR we set, which child processes inherit
+
+
+def kernel_cache_dir(environ=os.environ, package: Path = Path(__file__).parent) -> Path:
+    """Where compiled kernels are cached: NUMBA_CACHE_DIR if the user set it, else $XDG_CACHE_HOME/tinyvllm/numba/<a
+    digest of this package's sources> (a kernel calls device functions from other files, which numba does not
+    check). A NUMBA_CACHE_DIR a tinyvllm process set for itself and passed on to a child is not the user's."""
+    user_dir = environ.get("NUMBA_CACHE_DIR")
+    if user_dir and user_dir != environ.get(_OUR_CACHE_DIR):
+        return Path(user_dir)
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    root = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "tinyvllm" / "numba" / digest.hexdigest()[:16]
+
+
+def _use_kernel_cache() -> bool:
+    """Point numba's cache at kernel_cache_dir() (before any kernel is made: each picks its cache directory when
+    decorated); False, caching nothing, where that directory cannot be created."""
+    try:
+        path = kernel_cache_dir()
+        path.mkdir(parents=True, exist_ok=True)
+    except (OSError, RuntimeError):  # RuntimeError: no home directory
+        return False
+    if os.environ.get("NUMBA_CACHE_DIR") != str(path):
+        os.environ["NUMBA_CACHE_DIR"] = os.environ[_OUR_CACHE_DIR] = str(path)  # numba re-reads the environment
+        from numba.cuda.core import config as numba_config
+        numba_config.reload_config()
+    return True
+
+
+CACHE_KERNELS = not SIMULATOR and _use_kernel_cache()
+_KERNELS: list = []  # every kernel jit made on the GPU, for kernel_cache_stats
+
+
+def kernel_cache_stats() -> tuple[int, int]:
+    """(compilations, loads from the disk cache) of every kernel so far in this process (GPU only)."""
+    compiled = sum(sum(k.stats.cache_misses.values()) for k in _KERNELS)
+    loaded = sum(sum(k.stats.cache_hits.values()) for k in _KERNELS)
+    return compiled, loaded
+
+
 _PYTHON_BODIES: dict[int, object] = {}  # id(GPU device function) -> the Python function it was made from
 
 
 def jit(*args, **options):
-    """`cuda.jit` with GPU-only options filtered out in the simulator.
+    """`cuda.jit` with GPU-only options filtered out in the simulator, and kernels cached on disk on a GPU
+    (CACHE_KERNELS; not device functions, which are compiled into each kernel that calls them, nor kernels that
+    link external code, which numba cannot cache).
 
     In the simulator a device function (`device=True`) stays a plain Python function: the simulator's
     device-function wrapper costs ~6 us a call, which made every bf16 weight decode the slowest thing in a
@@ -91,7 +146,20 @@ def jit(*args, **options):
             _PYTHON_BODIES[id(compiled)] = fn
             return compiled
         return device_function
-    return cuda.jit(*args, **options)
+    if SIMULATOR:
+        return cuda.jit(*args, **options)
+    if "link" not in options:
+        options.setdefault("cache", CACHE_KERNELS)
+    if args and callable(args[0]):
+        kernel = cuda.jit(*args, **options)
+        _KERNELS.append(kernel)
+        return kernel
+
+    def kernel_of(fn):
+        kernel = cuda.jit(*args, **options)(fn)
+        _KERNELS.append(kernel)
+        return kernel
+    return kernel_of
 
 
 def host_version(device_function):

@@ -1,6 +1,6 @@
-"""Row gathers: token embeddings from a bf16 table, and picking rows out of a float32 matrix.
+"""Row gathers: token embeddings from a bf16 (or float32) table, and picking rows out of a float32 matrix.
 
-    embedding:  out[t, :] = decode_bf16(table[ids[t], :])        take_rows:  out[b, :] = x[rows[b], :]
+    embedding:  out[t, :] = weight_to_f32(table[ids[t], :])        take_rows:  out[b, :] = x[rows[b], :]
 
 Launch layout: one thread per output element on the GPU, grid-stride so the simulator can run a small
 grid; item i is (row i // H, column i % H), so consecutive threads read consecutive columns.
@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from .bf16 import bf16_to_f32, bf16_to_f32_ref
 from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
+from .weight_dtype import weight_to_f32, weights_ref
 
 THREADS = 256
 FED_BACK = -1  # a token id that stands for fed_back[t]
@@ -31,7 +31,7 @@ def embedding_kernel(ids, table, out, fed_back):
         if row == FED_BACK and fed_back.shape[0] > t:
             row = fed_back[t]
         if 0 <= row < table.shape[0]:
-            out[t, col] = bf16_to_f32(table[row, col])
+            out[t, col] = weight_to_f32(table[row, col])
         else:
             out[t, col] = np.float32(math.nan)
 
@@ -50,8 +50,8 @@ def take_rows_kernel(x, rows, out):
 
 
 def embedding(ids, table_bits, out=None, fed_back=None):
-    """ids int32 [T], table_bits uint16 bf16 [V, H] -> float32 [T, H] (device arrays). fed_back: int32 [>= T],
-    the ids that rows with id FED_BACK stand for."""
+    """ids int32 [T], table_bits [V, H] (uint16 bf16 bits, or float32) -> float32 [T, H] (device arrays).
+    fed_back: int32 [>= T], the ids that rows with id FED_BACK stand for."""
     n_tokens, hidden = ids.shape[0], table_bits.shape[1]
     out = device_empty((n_tokens, hidden), np.float32) if out is None else out
     assert out.shape == (n_tokens, hidden), (out.shape, n_tokens, hidden)
@@ -84,7 +84,7 @@ def _gather_rows_ref(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def embedding_ref(ids: np.ndarray, table_bits: np.ndarray, fed_back: np.ndarray | None = None) -> np.ndarray:
     if fed_back is not None:
         ids = np.where(ids == FED_BACK, fed_back[:len(ids)], ids)
-    return _gather_rows_ref(bf16_to_f32_ref(table_bits), ids)
+    return _gather_rows_ref(weights_ref(table_bits), ids)
 
 
 def take_rows_ref(x: np.ndarray, rows: np.ndarray) -> np.ndarray:

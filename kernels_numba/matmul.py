@@ -1,6 +1,6 @@
-"""Linear layers: y = x @ W.T, with W stored as bf16 bits and everything accumulated in float32.
+"""Linear layers: y = x @ W.T, with W stored as bf16 bits (or float32) and everything accumulated in float32.
 
-    out[t, n] = sum_k x[t, k] * bf16_to_f32(w_bits[n, k])       x f32 [T, K], w_bits u16 [N, K], out f32 [T, N]
+    out[t, n] = sum_k x[t, k] * weight_to_f32(w_bits[n, k])     x f32 [T, K], w_bits u16 or f32 [N, K], out f32 [T, N]
 
 Four kernels, one job each:
 - `gemv` (decode, T <= MAX_GEMV_TOKENS): one thread per GEMV_ROWS output features walks those rows of W
@@ -17,9 +17,9 @@ Four kernels, one job each:
   simulator (no shuffles) by a shared-memory tree (WARP_REDUCE). Faster because it is coalesced and keeps
   many loads in flight (rows x unroll wide loads per thread), which is what a bandwidth-bound kernel needs.
   Grid: one block per row group on the GPU; blocks grid-stride over row groups so the simulator runs two.
-  Its epilogues fuse the decode layer's neighbours: gemv_rmsnorm (RMSNorm in front; SwiGLU behind
-  gate|up), gemv_rmsnorm_rope (RMSNorm in front of q|k|v, RoPE and the K/V pool write behind),
-  gemv_residual (the residual add behind).
+  `gemv_fused` fuses the decode layer's neighbours into it, given as objects (epilogues.py): an
+  RMSNormPrologue in front, and behind a SwiGLUEpilogue (gate|up), a RopeKVEpilogue (q|k|v: RoPE and the K/V
+  pool write) or a ResidualEpilogue (the residual add).
 - `gemm` (prefill, many tokens): classic shared-memory tiling. A TILE x TILE block owns the output tile
   out[by*TILE : +TILE, bx*TILE : +TILE]; it walks K a tile at a time, each thread loading one x value and one
   decoded weight into shared memory, so each global value is read once per tile instead of TILE times.
@@ -38,7 +38,6 @@ import functools
 import os
 
 import numpy as np
-import ml_dtypes
 
 from .bf16 import bf16_to_f32
 from .activation import silu
@@ -46,6 +45,9 @@ from .rmsnorm import row_scale
 from .rope import store_qkv_pair
 from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_GRID, SHARED_ALIGN, SHARED_ROW_PAD,
                      launch_stream, device_empty)
+from .epilogues import (FusedOutputs, RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue, fused_outputs,
+                        pairs_rows)
+from .weight_dtype import WEIGHT_DTYPES, f32_from_bits, weight_bits, weight_to_f32, weights_ref
 
 # gemv keeps T x GEMV_ROWS accumulators per thread: registers on a GPU, so a small compile-time constant;
 # the simulator has no registers to spare, and every extra pass over W re-decodes each weight in Python.
@@ -91,6 +93,7 @@ COALESCED_PASS_TOKENS = 4          # tokens per pass once there are more than 2
 COALESCED_ROWS_MANY_TOKENS = 8
 COALESCED_UNROLL_MANY_TOKENS = 1
 COALESCED_WORD_ELEMENTS = 4       # bf16 per load (uint64 words); 2 (uint32) when in_features is not a multiple
+#                                   (float32 weights: 2 per uint64 word, or 1 per uint32 word)
 # 2 warps per block past 2 tokens: a 6-level tree reduction. A simulated syncthreads costs ~2.5 ms per thread
 # of the block, so the simulator gets 4-thread blocks: the same index math and tree reduction, only narrower.
 COALESCED_THREADS = 4 if SIMULATOR else 64
@@ -153,7 +156,7 @@ def gemv_kernel(x, w_bits, out):
             for t in range(num_tokens):  # x[:, k] once, for all of this thread's rows
                 x_k[t] = x[t, k]
             for r in range(rows):
-                w = bf16_to_f32(w_bits[n0 + r, k])
+                w = weight_to_f32(w_bits[n0 + r, k])
                 for t in range(num_tokens):
                     acc[r, t] += x_k[t] * w
         for r in range(rows):
@@ -174,11 +177,11 @@ def _block_total(partial, r, t, count):
 @functools.cache
 def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word_elements: int,
                           norm: bool = False, residual: bool = False, swiglu: bool = False,
-                          rope_head_dim: int = 0, warp_reduce: bool = WARP_REDUCE):
+                          rope_head_dim: int = 0, warp_reduce: bool = WARP_REDUCE, element_bits: int = 16):
     """The kernel for one (tokens per pass, block size, rows per block, loads per row in flight, bf16 per
     load): all compile-time constants inside it, so the accumulators and loaded words are registers (fully
-    unrolled loops) and the shared array has a fixed shape. word_elements 2 reads uint32 words (bf16 pairs),
-    4 reads uint64 words. More tokens than `chunk` are walked `chunk` at a time by the same block, so its
+    unrolled loops) and the shared array has a fixed shape. A word holds word_elements weights of element_bits
+    bits each (16: bf16 bits, 32: float32), uint32 or uint64 words: bf16 pairs or quads, one or two float32. More tokens than `chunk` are walked `chunk` at a time by the same block, so its
     rows come back from L2, not HBM, for every pass after the first.
 
     Reduction (`warp_reduce`, see WARP_REDUCE): each warp adds its lanes' partial sums with shuffles, lane 0
@@ -198,10 +201,14 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
     a block's first rows / 2 rows are first halves and the rest the matching second halves, so both values of
     a pair meet in one block, which rotates q and k pairs (v pairs stay as they are) and stores them into
     q, k, v and k, v at each token's pool slot (rope_operands; `out` is not written)."""
-    word_type = np.uint32 if word_elements == 2 else np.uint64
+    word_bits = word_elements * element_bits
+    assert element_bits in (16, 32) and word_bits in (32, 64), (word_elements, element_bits)
+    word_type = np.uint32 if word_bits == 32 else np.uint64
+    decode = bf16_to_f32 if element_bits == 16 else f32_from_bits  # a weight from its bits
+    element_mask = (1 << element_bits) - 1
     rope = rope_head_dim > 0
     paired = swiglu or rope  # an output is a pair of dot products: block rows r and r + rows / 2
-    assert word_elements in (2, 4) and (rows % 2 == 0 or not paired) and not (rope and (swiglu or residual))
+    assert (rows % 2 == 0 or not paired) and not (rope and (swiglu or residual))
     assert not (warp_reduce and SIMULATOR), "the simulator has no warp shuffles: it runs the tree"
     assert threads & (threads - 1) == 0 and rope_head_dim % 2 == 0, (threads, rope_head_dim)
     sums = rows + 1 if norm else rows  # the block reduces rows dot products (and h^2 with norm) per token
@@ -255,15 +262,15 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                                 gains = norm_words[word]
                             for t in range(chunk):
                                 token = min(t0 + t, num_tokens - 1)
-                                for e in range(word_elements):  # little-endian: the low half comes first
+                                for e in range(word_elements):  # little-endian: the low bits come first
                                     x_e = x[token, word_elements * word + e]
                                     if norm:
                                         acc[rows, t] += x_e * x_e
-                                        gain_bits = (gains >> word_type(16 * e)) & word_type(0xFFFF)
-                                        x_e = x_e * bf16_to_f32(np.uint32(gain_bits))
+                                        gain_bits = (gains >> word_type(element_bits * e)) & word_type(element_mask)
+                                        x_e = x_e * decode(np.uint32(gain_bits))
                                     for r in range(rows):
-                                        bits = (words[u, r] >> word_type(16 * e)) & word_type(0xFFFF)
-                                        acc[r, t] += x_e * bf16_to_f32(np.uint32(bits))
+                                        bits = (words[u, r] >> word_type(element_bits * e)) & word_type(element_mask)
+                                        acc[r, t] += x_e * decode(np.uint32(bits))
                 if warp_reduce:  # lane 0 ends with its warp's sums: lanes 0 + 16, then 0 + 8, ..., then 0 + 1
                     for r in range(sums):
                         for t in range(chunk):
@@ -312,8 +319,8 @@ def gemv_coalesced_kernel(chunk: int, threads: int, rows: int, unroll: int, word
                         for t in range(min(chunk, num_tokens - t0)):
                             scale = row_scale(_block_total(partial, rows, t, totals), in_features, eps)
                             for k in range(first_k, in_features, cuda.gridDim.x * threads):
-                                gain = bf16_to_f32(np.uint32((norm_words[k // word_elements] >> word_type(
-                                    16 * (k % word_elements))) & word_type(0xFFFF)))
+                                gain = decode(np.uint32((norm_words[k // word_elements] >> word_type(
+                                    element_bits * (k % word_elements))) & word_type(element_mask)))
                                 normed[t0 + t, k] = gain * (x[t0 + t, k] * scale)
                 # The next pass overwrites `partial` only after these reads; a block's last pass (every pass
                 # of a decode step on the GPU: one row group per block, one pass) skips the barrier.
@@ -353,7 +360,7 @@ def gemm_kernel(x, w_bits, out):
         else:
             x_tile[ty, tx] = np.float32(0.0)
         if w_row < out_features and k < in_features:
-            w_tile[ty, tx] = bf16_to_f32(w_bits[w_row, k])
+            w_tile[ty, tx] = weight_to_f32(w_bits[w_row, k])
         else:
             w_tile[ty, tx] = np.float32(0.0)
         cuda.syncthreads()
@@ -424,7 +431,7 @@ def gemm_blocked_kernel(thread_tokens: int = THREAD_TOKENS, thread_features: int
                 x_tile[load_k, m] = value if k_in_range else np.float32(0.0)
             for r in range(load_rows_w):
                 j = load_row + r * LOAD_ROW_STEP
-                value = bf16_to_f32(w_bits[min(n0 + j, out_features - 1), k_clamped])  # decoded once per block
+                value = weight_to_f32(w_bits[min(n0 + j, out_features - 1), k_clamped])  # decoded once per block
                 w_tile[load_k, j] = value if k_in_range else np.float32(0.0)
             cuda.syncthreads()
             for kk in range(np.uint64(BLOCK_K)):
@@ -460,16 +467,10 @@ def sum_splits_kernel(partials, out):
         out[t, n] = total
 
 
-def _check_shapes(x, w_bits, out, out_features=None):
-    """Check x [T, K] f32 against W [N, K] u16 and return out [T, out_features] f32 (allocated if None);
-    out_features defaults to N (the SwiGLU gemv writes N / 2)."""
-    assert x.ndim == 2 and w_bits.ndim == 2, (x.shape, w_bits.shape)
-    assert x.shape[1] == w_bits.shape[1], f"in_features differ: x {x.shape}, w {w_bits.shape}"
-    assert w_bits.dtype == np.uint16 and x.dtype == np.float32, (x.dtype, w_bits.dtype)
-    out_shape = (x.shape[0], w_bits.shape[0] if out_features is None else out_features)
-    out = device_empty(out_shape, np.float32) if out is None else out
-    assert out.shape == out_shape and out.dtype == np.float32, (out.shape, out.dtype)
-    return out
+def _check_shapes(x, w_bits, out):
+    """Check x [T, K] f32 against W [N, K] u16 and return out [T, N] f32 (allocated if None)."""
+    assert x.dtype == np.float32, f"x is {x.dtype}: these kernels read float32 activations"
+    return fused_outputs(x, w_bits, None, None, out).out
 
 
 def gemv(x, w_bits, out=None):
@@ -490,73 +491,22 @@ def gemv_coalesced(x, w_bits, out=None, threads=None, rows=None, unroll=None, wo
     instruction; more than 2 tokens in passes of COALESCED_PASS_TOKENS. in_features must be a multiple of
     word_elements and w_bits C-contiguous (a word view). `warp_reduce` (default WARP_REDUCE): the block's
     sums by warp shuffles (GPU only) or by the shared-memory tree."""
-    out = _check_shapes(x, w_bits, out)
-    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, word_elements, warp_reduce=warp_reduce)
-    return out
+    return gemv_fused(x, w_bits, out=out, threads=threads, rows=rows, unroll=unroll, word_elements=word_elements,
+                      warp_reduce=warp_reduce).out
 
 
-def gemv_rmsnorm(h, norm_weight, eps, w_bits, out=None, normed=None, swiglu=False, threads=None, unroll=None, rows=None,
-                 warp_reduce=None):
-    """out = rmsnorm(h) @ W.T in one gemv_coalesced launch (RMSNorm with bf16 gains norm_weight [K] fused in
-    front, see gemv_coalesced_kernel); returns (out, normed), normed = rmsnorm(h) as rmsnorm computes it.
-    With `swiglu`, w_bits is [Wg; Wu] ([2 I, K]) and out [T, I] = silu(x Wg) * (x Wu), x = rmsnorm(h)."""
-    assert not swiglu or w_bits.shape[0] % 2 == 0, f"swiglu needs [Wg; Wu] stacked, got {w_bits.shape[0]} rows"
-    out = _check_shapes(h, w_bits, out, w_bits.shape[0] // 2 if swiglu else None)
-    normed = _check_normed(h, norm_weight, normed)
-    _launch_gemv_coalesced(h, w_bits, out, threads, rows, unroll, norm_weight=norm_weight, eps=eps, normed=normed,
-                           swiglu=swiglu, warp_reduce=warp_reduce)
-    return out, normed
-
-
-def gemv_rmsnorm_rope(h, norm_weight, eps, w_bits, positions, inv_freq, n_heads, n_kv_heads, head_dim, kv_pools,
-                      slot_mapping, q_out=None, k_out=None, v_out=None, normed=None, threads=None, unroll=None,
-                      warp_reduce=None, rows=None):
-    """rope_qkv(rmsnorm(h) @ W.T) with W = [Wq; Wk; Wv] in one gemv_coalesced launch: the RMSNorm in front as
-    gemv_rmsnorm, RoPE and the K/V write behind as rope.rope_qkv with kv_pools = (k_pool, v_pool) ([num_blocks,
-    block_size, n_kv_heads, head_dim]): k and v also stored at each token's slot_mapping slot (-1: nothing).
-    positions and slot_mapping int32 [T], inv_freq float32 [head_dim / 2]. Returns (q [T, n_heads, head_dim],
-    k, v [T, n_kv_heads, head_dim], normed = rmsnorm(h)); q|k|v itself is never stored. The same dot products
-    as gemv_rmsnorm with the same launch shape, rotated by rope_qkv's rotate_pair: in the simulator every bit
-    the same as gemv_rmsnorm then rope_qkv."""
-    n_tokens, hidden = h.shape
-    width = (n_heads + 2 * n_kv_heads) * head_dim
-    assert h.dtype == np.float32 and w_bits.dtype == np.uint16 and w_bits.shape == (width, hidden), (
-        f"h {h.shape} {h.dtype}, W {w_bits.shape} {w_bits.dtype}: want W [{width}, {hidden}] uint16")
-    assert head_dim % 2 == 0 and inv_freq.shape == (head_dim // 2,) and inv_freq.dtype == np.float32, inv_freq.shape
-    assert positions.shape == slot_mapping.shape == (n_tokens,), (positions.shape, slot_mapping.shape, n_tokens)
-    assert positions.dtype == slot_mapping.dtype == np.int32, (positions.dtype, slot_mapping.dtype)
-    k_pool, v_pool = kv_pools
-    assert k_pool.shape == v_pool.shape and k_pool.shape[2:] == (n_kv_heads, head_dim), (k_pool.shape, v_pool.shape)
-    q_shape, kv_shape = (n_tokens, n_heads, head_dim), (n_tokens, n_kv_heads, head_dim)
-    q = device_empty(q_shape, np.float32) if q_out is None else q_out
-    k = device_empty(kv_shape, np.float32) if k_out is None else k_out
-    v = device_empty(kv_shape, np.float32) if v_out is None else v_out
-    assert q.shape == q_shape and k.shape == kv_shape and v.shape == kv_shape, (q.shape, k.shape, v.shape)
-    normed = _check_normed(h, norm_weight, normed)
-    _launch_gemv_coalesced(h, w_bits, normed, threads, rows, unroll, norm_weight=norm_weight, eps=eps,  # out: unused
-                           normed=normed, rope_head_dim=head_dim,
-                           rope_operands=(positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping),
-                           warp_reduce=warp_reduce)
-    return q, k, v, normed
-
-
-def gemv_residual(x, w_bits, residual, out=None, residual_out=None, threads=None, unroll=None, warp_reduce=None,
-                  rows=None):
-    """out = x @ W.T and residual_out = out + residual in one gemv_coalesced launch; returns both."""
-    out = _check_shapes(x, w_bits, out)
-    residual_out = device_empty(out.shape, np.float32) if residual_out is None else residual_out
-    assert residual.shape == out.shape == residual_out.shape, (residual.shape, out.shape, residual_out.shape)
-    _launch_gemv_coalesced(x, w_bits, out, threads, rows, unroll, residual=residual, residual_out=residual_out,
-                           warp_reduce=warp_reduce)
-    return out, residual_out
-
-
-def _check_normed(h, norm_weight, normed):
-    """The norm-fused launchers' normed output [T, K] f32 (allocated if None), after checking the gains."""
-    normed = device_empty(h.shape, np.float32) if normed is None else normed
-    assert norm_weight.shape == (h.shape[1],) and norm_weight.dtype == np.uint16, norm_weight.shape
-    assert normed.shape == h.shape and normed.dtype == np.float32, normed.shape
-    return normed
+def gemv_fused(x, w_bits, prologue: RMSNormPrologue | None = None, epilogue=None, out=None, threads=None,
+               rows=None, unroll=None, word_elements=None, warp_reduce=None) -> FusedOutputs:
+    """gemv_coalesced with its neighbours fused (epilogues.py): RMSNormPrologue in front (x is the residual
+    stream h; also writes normed = rmsnorm(h)), and behind SwiGLUEpilogue (W = [Wg; Wu], out = silu(x Wg) *
+    (x Wu)), ResidualEpilogue (residual_out = out + residual) or RopeKVEpilogue (W = [Wq; Wk; Wv]: RoPE, q, k,
+    v stored and k, v written into the pools; out not stored). One launch; returns the FusedOutputs written.
+    With RopeKVEpilogue the dot products and rotations are rope.rope_qkv's: in the simulator every bit the
+    same as the plain launch then rope_qkv."""
+    assert x.dtype == np.float32, f"x is {x.dtype}: gemv_fused reads float32 activations"
+    result = fused_outputs(x, w_bits, prologue, epilogue, out)
+    _launch_gemv_coalesced(x, w_bits, result, threads, rows, unroll, word_elements, prologue, epilogue, warp_reduce)
+    return result
 
 
 def coalesced_threads(row_groups: int) -> int:
@@ -571,18 +521,22 @@ def coalesced_threads(row_groups: int) -> int:
     return threads
 
 
-def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None, word_elements=None,
-                           norm_weight=None, eps=0.0, normed=None, residual=None, residual_out=None, swiglu=False,
-                           rope_head_dim=0, rope_operands=(), warp_reduce=None):
+def _launch_gemv_coalesced(x, w_bits, result: FusedOutputs, threads=None, rows=None, unroll=None, word_elements=None,
+                           prologue: RMSNormPrologue | None = None, epilogue=None, warp_reduce=None):
     num_tokens, in_features = x.shape
-    paired = swiglu or rope_head_dim > 0  # each output is two weight rows: gate and up, or a RoPE pair
+    paired = pairs_rows(epilogue)  # each output is two weight rows: gate and up, or a RoPE pair
+    swiglu = isinstance(epilogue, SwiGLUEpilogue)
+    residual = isinstance(epilogue, ResidualEpilogue)
+    rope_head_dim = epilogue.head_dim if isinstance(epilogue, RopeKVEpilogue) else 0
     out_features = w_bits.shape[0] // 2 if paired else w_bits.shape[0]
-    if word_elements is None:
-        word_elements = COALESCED_WORD_ELEMENTS if in_features % COALESCED_WORD_ELEMENTS == 0 else 2
+    element_bits = weight_bits(w_bits.dtype)
+    if word_elements is None:  # 8-byte words where in_features allows, else 4-byte ones
+        word_elements = COALESCED_WORD_ELEMENTS * 16 // element_bits
+        word_elements = word_elements if in_features % word_elements == 0 else word_elements // 2
     assert in_features % word_elements == 0, (
-        f"gemv_coalesced reads {word_elements} bf16 per word: in_features {in_features} is not a multiple")
+        f"gemv_coalesced reads {word_elements} weights per word: in_features {in_features} is not a multiple")
     chunk = num_tokens if num_tokens <= 2 else COALESCED_PASS_TOKENS
-    norm, few = norm_weight is not None, chunk <= 2  # launch shapes: see COALESCED_ROWS and NORM_THREADS
+    norm, few = prologue is not None, chunk <= 2  # launch shapes: see COALESCED_ROWS and NORM_THREADS
     if rows is None:
         rows = (NORM_ROWS if norm else COALESCED_ROWS) if few else COALESCED_ROWS_MANY_TOKENS
     outputs_per_block = rows // 2 if paired else rows
@@ -603,15 +557,17 @@ def _launch_gemv_coalesced(x, w_bits, out, threads=None, rows=None, unroll=None,
         return
     row_groups = cdiv(out_features, outputs_per_block)
     blocks = min(row_groups, SIMULATOR_GRID[0]) if SIMULATOR else row_groups
-    word_type = np.uint32 if word_elements == 2 else np.uint64
+    word_type = np.uint32 if word_elements * element_bits == 32 else np.uint64
     w_words = w_bits.view(word_type)
-    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual is not None, swiglu,
-                                   rope_head_dim, warp_reduce)
+    kernel = gemv_coalesced_kernel(chunk, threads, rows, unroll, word_elements, norm, residual, swiglu,
+                                   rope_head_dim, warp_reduce, element_bits)
     # unused operands get stand-ins of the right type (a compiled-out branch never touches them)
-    norm_words = norm_weight.view(word_type) if norm else w_words[0]
+    out = x if result.out is None else result.out  # RoPE stores q, k, v instead
+    norm_words = prologue.weight.view(word_type) if norm else w_words[0]
+    rope_operands = epilogue.operands(result.q, result.k, result.v) if rope_head_dim else ()
     kernel[blocks, threads, launch_stream()](
-        x, w_words, out, norm_words, np.float32(eps), normed if norm else out,
-        out if residual is None else residual, out if residual_out is None else residual_out, rope_operands)
+        x, w_words, out, norm_words, np.float32(prologue.eps if norm else 0.0), result.normed if norm else out,
+        epilogue.residual if residual else out, result.residual_out if residual else out, rope_operands)
 
 
 def gemm(x, w_bits, out=None):
@@ -697,6 +653,6 @@ def linear(x, w_bits, out=None):
 
 
 def linear_ref(x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
-    """numpy twin: decode W with ml_dtypes, accumulate in float64, round once to float32."""
-    w = w_bits.view(ml_dtypes.bfloat16).astype(np.float64)
+    """numpy twin: W's values (weights_ref), accumulated in float64, rounded once to float32."""
+    w = weights_ref(w_bits).astype(np.float64)
     return (x.astype(np.float64) @ w.T).astype(np.float32)

@@ -1,6 +1,6 @@
 """RMSNorm as in HF LlamaRMSNorm, all float32, and the residual add fused in front of it:
 
-    rmsnorm:      y = w * (x * rsqrt(mean(x^2) + eps))        (w decoded from bf16; this product order, as HF)
+    rmsnorm:      y = w * (x * rsqrt(mean(x^2) + eps))        (w: weight_to_f32; this product order, as HF)
     add_rmsnorm:  h = x + residual,  y = rmsnorm(h)            (returns both: h is the next residual stream)
 
 Launch layout: one block per row on the GPU (blocks stride over rows, so the simulator can run a grid
@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from .bf16 import bf16_to_f32, bf16_to_f32_ref
 from .common import SIMULATOR, cuda, jit, launch_stream, device_empty
+from .weight_dtype import weight_to_f32, weights_ref
 
 MAX_THREADS = 1024
 # A simulated syncthreads waits for every thread of the block to be scheduled (~2.5 ms per thread per
@@ -91,13 +91,13 @@ def _row_norm_kernel(add_residual: bool):
             while col + 3 * n_threads < hidden:  # as above: loads first (out may be x or h)
                 c1, c2, c3 = col + n_threads, col + 2 * n_threads, col + 3 * n_threads
                 h0, h1, h2, h3 = h[row, col], h[row, c1], h[row, c2], h[row, c3]
-                w0, w1 = bf16_to_f32(weight[col]), bf16_to_f32(weight[c1])
-                w2, w3 = bf16_to_f32(weight[c2]), bf16_to_f32(weight[c3])
+                w0, w1 = weight_to_f32(weight[col]), weight_to_f32(weight[c1])
+                w2, w3 = weight_to_f32(weight[c2]), weight_to_f32(weight[c3])
                 out[row, col], out[row, c1] = w0 * (h0 * s), w1 * (h1 * s)
                 out[row, c2], out[row, c3] = w2 * (h2 * s), w3 * (h3 * s)
                 col += 4 * n_threads
             while col < hidden:
-                out[row, col] = bf16_to_f32(weight[col]) * (h[row, col] * s)
+                out[row, col] = weight_to_f32(weight[col]) * (h[row, col] * s)
                 col += n_threads
             cuda.syncthreads()  # every thread has read scale[0] before the next row's thread 0 rewrites it
 
@@ -119,7 +119,8 @@ def _row_blocks(n_rows):
 
 
 def rmsnorm(x, weight_bits, eps, out=None, threads=None):
-    """x float32 [T, H], weight_bits uint16 bf16 [H] -> float32 [T, H] (device arrays); out may be x."""
+    """x float32 [T, H], weight_bits [H] (uint16 bf16 bits, or float32) -> float32 [T, H] (device arrays); out
+    may be x."""
     threads = _check_threads(threads)
     n_rows, hidden = x.shape
     assert weight_bits.shape == (hidden,), (weight_bits.shape, hidden)
@@ -131,7 +132,7 @@ def rmsnorm(x, weight_bits, eps, out=None, threads=None):
 
 
 def add_rmsnorm(x, residual, weight_bits, eps, out=None, h_out=None, threads=None):
-    """x, residual float32 [T, H], weight_bits uint16 bf16 [H] -> (h, y) float32 [T, H] (device arrays),
+    """x, residual float32 [T, H], weight_bits [H] (uint16 bf16 bits, or float32) -> (h, y) float32 [T, H],
     h = x + residual, y = rmsnorm(h): bit-identical to residual_add then rmsnorm with the same threads.
 
     x and residual are left as they are unless h_out or out is one of them (each element is read before
@@ -154,7 +155,7 @@ def rmsnorm_ref(x: np.ndarray, weight_bits: np.ndarray, eps: float) -> np.ndarra
     x = x.astype(np.float32)
     mean_square = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
     scale = np.float32(1.0) / np.sqrt(mean_square + np.float32(eps))
-    return bf16_to_f32_ref(weight_bits) * (x * scale)
+    return weights_ref(weight_bits) * (x * scale)
 
 
 def add_rmsnorm_ref(x: np.ndarray, residual: np.ndarray, weight_bits: np.ndarray, eps: float):

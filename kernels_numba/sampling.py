@@ -146,8 +146,9 @@ def stream_key(seed, step, salt):
 
 @jit(device=True)
 def noise_bits(key_a, key_b, index):
-    """32 random bits for vocabulary entry `index` (scalar or uint64 array) of the draw keyed (key_a, key_b).
-    Injective in index; two keys, so no two draws' noise is a permutation of each other's."""
+    """32 random bits for vocabulary entry `index` (scalar or uint64 array) of the draw keyed (key_a, key_b):
+    mix32(mix32(index ^ key_a) ^ key_b). Injective in index; two keys, so no two draws' noise is a permutation
+    of each other's."""
     return mix32(mix32(np.uint64(index) ^ key_a) ^ key_b)
 
 

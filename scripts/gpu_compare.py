@@ -7,7 +7,10 @@ prefilled in one step, each prompt prefilled alone, and each prompt's first deco
 position len(prompt), against HF's stages over the prompt and its first greedy token): the step that batch-1
 generation runs, with the decode kernels (flash_decode attention, the one-token fused GEMVs).
 
-    python scripts/gpu_compare.py [--model-dir /tmp/llama-1b-random] [--new-tokens 32] [--out DIR]
+    python scripts/gpu_compare.py [--model-dir /tmp/llama-1b-random] [--new-tokens 32] [--out DIR] [--dtype f32]
+
+`--dtype f32` writes the random weights as F32 (unrounded: tinyvllm computes with float32 weights, HF with the
+same values) into a model dir of its own (default /tmp/llama-1b-random-f32).
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ PROMPTS = [
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model-dir", default="/tmp/llama-1b-random")
+    parser.add_argument("--model-dir", default=None, help="default: /tmp/llama-1b-random, -f32 with --dtype f32")
+    parser.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="the random checkpoint's dtype")
     parser.add_argument("--hf-device", default="cuda", help="where HF transformers runs (cpu for a dry run)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rtol", type=float, default=None)
@@ -47,13 +51,14 @@ def main() -> int:
         print(f"[{timings[name]:7.1f} s] {name}", flush=True)
         return result
 
-    model_dir = Path(args.model_dir)
+    model_dir = Path(args.model_dir or "/tmp/llama-1b-random" + ("-f32" if args.dtype == "f32" else ""))
     if not (model_dir / "tokenizer.json").is_file():
         from tests.llama3_vocab import write_llama3_tokenizer_files
         timed("build the Llama 3 tokenizer from llama-models", lambda: write_llama3_tokenizer_files(model_dir))
     if not (model_dir / "model.safetensors").is_file():
         from tinyvllm.random_model import write_random_model
-        timed("write random Llama-3.2-1B-shaped weights", lambda: write_random_model(model_dir, seed=0))
+        timed(f"write random Llama-3.2-1B-shaped {args.dtype} weights",
+              lambda: write_random_model(model_dir, seed=0, dtype=args.dtype))
 
     from tinyvllm.tokenizer import Tokenizer
     tok = Tokenizer.from_model_dir(model_dir)
@@ -104,8 +109,9 @@ def main() -> int:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (simulator dry run)"
     lines = [f"# tinyvllm vs HF transformers on {device}",
-             "", f"Model: seeded random BF16 weights of the exact Llama-3.2-1B shape ({model_dir}); "
-             f"HF transformers {__import__('transformers').__version__} float32 on the same bf16 weights; "
+             "", f"Model: seeded random {args.dtype.upper()} weights of the exact Llama-3.2-1B shape ({model_dir}); "
+             f"HF transformers {__import__('transformers').__version__} float32 on the same weights; "
+             f"tinyvllm's device weights: {engine.model.weights.embed_tokens.dtype}; "
              f"torch {torch.__version__}.", f"Stage passes when max|ours-HF|/max|HF| <= {rtol:g}.", "",
              "| step | prompt | tokens | step's layer | stages passed | worst stage | worst rel err | "
              "logits rel err | greedy agree |", "|---|---|---|---|---|---|---|---|---|"]

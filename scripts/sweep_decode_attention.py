@@ -44,10 +44,11 @@ def main():
     parser.add_argument("--max-context", type=int, default=0, help="block table width in keys (0: the context)")
     args = parser.parse_args()
     from numba import cuda
-    import kernels_numba.paged_attention as pa
+    import kernels_numba.attention.split_keys as sk
+    import kernels_numba.attention.decode_gqa as gqa
     from sweep_gemv import time_in_graph  # scripts/ is on the path when a script runs
     rng = np.random.default_rng(0)
-    default_partition_below = pa.SPLIT_PARTITION_BELOW_BLOCKS  # before a variant overrides it
+    default_partition_below = sk.SPLIT_PARTITION_BELOW_BLOCKS  # before a variant overrides it
     for case in args.cases.split(","):
         batch, context = (int(v) for v in case.split("x"))
         blocks_per_seq = -(-context // BLOCK_SIZE)
@@ -73,18 +74,18 @@ def main():
             (32, 32, 128), (64, 16, 128), (64, 32, 128), (64, 64, 128), (64, 64, 256), (128, 32, 128), (128, 64, 128))]
         for name, chunk, option in variants:
             if name == "split_keys":
-                pa.SPLIT_PARTITION_BELOW_BLOCKS = 0 if option else default_partition_below
-                launch = lambda i: pa.paged_attention_split_keys(q, *pools[i % copies], tables, seqs, positions, 0.125,
+                sk.SPLIT_PARTITION_BELOW_BLOCKS = 0 if option else default_partition_below
+                launch = lambda i: sk.paged_attention_split_keys(q, *pools[i % copies], tables, seqs, positions, 0.125,
                                                                  out)
             elif name == "decode_gqa":
-                pa.GQA_DECODE_KEY_CHUNK = pa.GQA_DECODE_KEY_CHUNK_FEW_BLOCKS = chunk
-                pa.GQA_DECODE_THREADS = option
-                launch = lambda i: pa.paged_attention_decode_gqa(q, *pools[i % copies], tables, seqs, positions, 0.125,
+                gqa.GQA_DECODE_KEY_CHUNK = gqa.GQA_DECODE_KEY_CHUNK_FEW_BLOCKS = chunk
+                gqa.GQA_DECODE_THREADS = option
+                launch = lambda i: gqa.paged_attention_decode_gqa(q, *pools[i % copies], tables, seqs, positions, 0.125,
                                                                  out)
             else:
-                pa.FLASH_DECODE_PARTITION_KEYS, pa.FLASH_DECODE_KEY_CHUNK = chunk
-                pa.FLASH_DECODE_THREADS = option
-                launch = lambda i: pa.paged_attention_flash_decode(q, *pools[i % copies], tables, seqs, positions,
+                gqa.FLASH_DECODE_PARTITION_KEYS, gqa.FLASH_DECODE_KEY_CHUNK = chunk
+                gqa.FLASH_DECODE_THREADS = option
+                launch = lambda i: gqa.paged_attention_flash_decode(q, *pools[i % copies], tables, seqs, positions,
                                                                    0.125, out)
             result = replayed(launch, out)
             seconds = time_in_graph(launch, args.repeats)

@@ -43,7 +43,8 @@ def make_launch(kind: str, tokens: int, n: int, k: int, rng):
     """launch(w, variant, warp_reduce) for one kind of epilogue on an n x k weight, its inputs and outputs
     allocated once here (fresh random activations, and for RoPE positions, slots and KV pools)."""
     from numba import cuda
-    from kernels_numba.matmul import gemv_coalesced, gemv_residual, gemv_rmsnorm, gemv_rmsnorm_rope
+    from kernels_numba.epilogues import RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue
+    from kernels_numba.matmul import gemv_coalesced, gemv_fused
     from kernels_numba.rope import rope_inv_freq, rope_qkv
     x = cuda.to_device(rng.standard_normal((tokens, k)).astype(np.float32))
     gains = cuda.to_device(rng.integers(0x3F00, 0x3F90, k).astype(np.uint16))  # bf16 in [0.5, 1.1)
@@ -64,18 +65,18 @@ def make_launch(kind: str, tokens: int, n: int, k: int, rng):
             gemv_coalesced(x, w, out, threads=threads, rows=rows, unroll=unroll, word_elements=word,
                            warp_reduce=warp_reduce)
         elif kind == "residual":
-            gemv_residual(x, w, residual, out, residual_out, threads=threads, unroll=unroll, warp_reduce=warp_reduce,
-                          rows=rows)
+            gemv_fused(x, w, epilogue=ResidualEpilogue(residual, residual_out), out=out, threads=threads,
+                       unroll=unroll, warp_reduce=warp_reduce, rows=rows)
         elif kind in ("norm", "norm_swiglu", "norm_then_rope_qkv"):
-            gemv_rmsnorm(x, gains, 1e-5, w, out, normed, swiglu=kind == "norm_swiglu", threads=threads,
-                         unroll=unroll, warp_reduce=warp_reduce, rows=rows)
+            gemv_fused(x, w, RMSNormPrologue(gains, 1e-5, normed), SwiGLUEpilogue() if kind == "norm_swiglu" else None,
+                       out, threads=threads, unroll=unroll, warp_reduce=warp_reduce, rows=rows)
             if kind == "norm_then_rope_qkv":
                 rope_qkv(out, positions, inv_freq, N_HEADS, N_KV_HEADS, HEAD_DIM, *qkv_out, kv_pools=pools,
                          slot_mapping=slots)
         elif kind == "norm_rope":
-            gemv_rmsnorm_rope(x, gains, 1e-5, w, positions, inv_freq, N_HEADS, N_KV_HEADS, HEAD_DIM, pools, slots,
-                              *qkv_out, normed, threads=threads, unroll=unroll, warp_reduce=warp_reduce,
-                              rows=rows)
+            gemv_fused(x, w, RMSNormPrologue(gains, 1e-5, normed),
+                       RopeKVEpilogue(positions, inv_freq, N_HEADS, N_KV_HEADS, HEAD_DIM, pools, slots, *qkv_out),
+                       threads=threads, unroll=unroll, warp_reduce=warp_reduce, rows=rows)
         else:
             raise ValueError(f"unknown kind {kind!r}; known: {sorted({k for ks in KINDS.values() for k in ks})}")
     return launch

@@ -1,4 +1,5 @@
-"""Tests run in numba's CUDA simulator unless TINYVLLM_TEST_GPU=1 (then on the real GPU)."""
+"""Tests run in numba's CUDA simulator unless TINYVLLM_TEST_GPU=1 (then on the real GPU).
+With TINYVLLM_REQUIRE_REFERENCES=1 a missing independent reference fails instead of skipping (tests/references.py)."""
 import os
 
 if os.environ.get("TINYVLLM_TEST_GPU") != "1":
@@ -9,9 +10,29 @@ import zlib
 import numpy as np
 import pytest
 
+from tests.references import fail_skipped_imports, skip_reason
+
+pytest_plugins = ["pytester"]  # tests/test_references.py runs small suites of its own
+
 
 @pytest.fixture
 def rng(request):
     """A fresh generator per test, seeded from the test's name so failures reproduce."""
     seed = zlib.crc32(request.node.nodeid.encode())  # not hash(): that is salted per process
     return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped:
+        fail_skipped_imports(report, skip_reason(report.longrepr))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped:
+        fail_skipped_imports(report, skip_reason(report.longrepr))

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from tests.references import missing_reference
+
 LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
@@ -127,5 +129,5 @@ def write_llama3_tokenizer_files(model_dir) -> Path:
 def llama3_model_dir(tmp_path_factory) -> Path:
     """A model directory holding only the Llama 3 tokenizer. Built once per session."""
     if meta_tokenizer_model_path() is None:
-        pytest.skip("llama-models (Meta's Llama 3 tokenizer.model) is not installed")
+        missing_reference("Meta's Llama 3 tokenizer.model (pip install --no-deps llama-models==0.3.0)")
     return write_llama3_tokenizer_files(tmp_path_factory.mktemp("llama3_tokenizer"))

@@ -6,15 +6,18 @@ import io
 import json
 import math
 import shlex
+import time
 
 import numpy as np
 import pytest
 from safetensors import safe_open
 
+from kernels_numba.common import SIMULATOR
 from tinyvllm import bench
 from tinyvllm.bench import BenchConfig, Workloads
 from tinyvllm.cli import _parser, main
 from tinyvllm.demo import DEMO_MODEL_DIR
+from tests.references import require
 
 # 3 requests of 4-8 prompt tokens and 2-3 new tokens: the simulator does about one engine step a second.
 TINY = ["--latency-prompt", "4", "--latency-new-tokens", "2", "--prefill-lens", "3,6", "--prefill-repeats", "1",
@@ -68,13 +71,10 @@ def test_latency_counts_every_requested_token_and_times_are_positive(tiny_run):
     (row,) = results(tiny_run[2], "latency")
     assert row["variant"] == "batch 1, 4+2"
     assert row["prompt_tokens"] == 4 and row["output_tokens"] == row["requested_output_tokens"] == 2
-    assert row["ttft_ms"] > 0 and row["tpot_ms"] > 0
-    assert row["output_tok_s"] == pytest.approx(2 / row["elapsed_s"], rel=1e-12)
-    # the first token and one decode step happen inside the run's wall time
+    assert row["ttft_ms"] > 0 and row["tpot_ms"] > 0 and row["output_tok_s"] > 0 and row["hbm_roofline_fraction"] > 0
+    # the first token and one decode step happen inside the run's wall time (the values themselves: below,
+    # test_reported_times_and_rates_follow_a_known_clock)
     assert row["ttft_ms"] + row["tpot_ms"] <= 1e3 * row["elapsed_s"]
-    copy = tiny_run[2]["copy_bandwidth"]
-    weights = tiny_run[2]["model"]["weight_bytes"]
-    assert row["hbm_roofline_fraction"] == pytest.approx(weights / (row["tpot_ms"] / 1e3) / (copy["gb_per_s"] * 1e9))
 
 
 def test_weight_bytes_are_the_checkpoint_tensors_once_each():
@@ -89,7 +89,7 @@ def test_prefill_measures_each_prompt_length(tiny_run):
     rows = results(tiny_run[2], "prefill")
     assert [r["prompt_len"] for r in rows] == [3, 6]
     assert all(r["num_finished"] == 1 and r["ttft_ms"] > 0 and len(r["ttft_ms_all"]) == 1 for r in rows)
-    assert all(r["prefill_tok_s"] == pytest.approx(r["prompt_len"] / (r["ttft_ms"] / 1e3)) for r in rows)
+    assert all(r["prefill_tok_s"] > 0 for r in rows)
 
 
 def test_throughput_runs_nano_vllm_workload_in_both_modes_with_all_tokens(tiny_run):
@@ -122,7 +122,8 @@ def test_the_recorded_command_reproduces_the_config(tiny_run):
 
 
 def test_a_run_past_max_seconds_stops_and_says_how_far_it_got(capsys, tmp_path):
-    code, out, err = run(capsys, *TINY, "--workload", "throughput", "--batching", "static", "--max-seconds", "0.001",
+    # 1 ns: a GPU may run the whole tiny workload within a millisecond (the simulator never could)
+    code, out, err = run(capsys, *TINY, "--workload", "throughput", "--batching", "static", "--max-seconds", "1e-9",
                          "--no-warmup", "--out", str(tmp_path))
     assert code == 0, err
     (row,) = json.loads((tmp_path / "bench.json").read_text())["results"]
@@ -193,7 +194,7 @@ def test_compare_hf_without_a_gpu_says_it_needs_one_before_any_work(capsys):
 
 
 def test_compare_hf_dry_run_on_cpu_puts_hf_beside_tinyvllm(capsys, tmp_path):
-    pytest.importorskip("transformers")
+    require("transformers")
     code, out, err = run(capsys, *TINY, "--workload", "latency,throughput", "--batching", "static", "--no-warmup",
                          "--compare", "hf", "--hf-device", "cpu", "--hf-batch-size", "2", "--out", str(tmp_path))
     assert code == 0, err
@@ -210,7 +211,7 @@ def test_compare_hf_dry_run_on_cpu_puts_hf_beside_tinyvllm(capsys, tmp_path):
 
 
 def test_hf_only_runs_just_the_hf_side_and_needs_compare(capsys, tmp_path):
-    pytest.importorskip("transformers")
+    require("transformers")
     code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--hf-only")
     assert code == 1 and "--hf-only needs --compare hf" in err.splitlines()[-1]
     code, out, err = run(capsys, *TINY, "--workload", "latency", "--no-warmup", "--compare", "hf", "--hf-only",
@@ -259,17 +260,90 @@ def test_kernels_workload_times_every_stage_against_its_useful_bytes_and_flops(t
     from tinyvllm.model import load_model
     config = load_model(DEMO_MODEL_DIR, log=lambda message: None).config
     rows = results(tiny_run[2], "kernels")
-    # stages whose output an earlier fused kernel produced (k, v, post_norm, final_norm) are not rows
-    stage_kinds = ["embedding", "input_norm", "q", "attn", "o_proj", "attn_residual", "mlp", "output", "logits"]
-    assert [r["variant"] for r in rows] == [f"{p} {k}" for p in ("prefill", "decode") for k in stage_kinds]
     layers = config.num_hidden_layers
+    # Stages whose output an earlier fused kernel produced are not rows. A GPU runs steps of up to 32 tokens (this
+    # 4-token prefill and the decode step) as the fused-GEMV layer (ModelRunner.fuses_norms): norms in front of the
+    # projections, residual adds behind; the simulator runs the plain layer.
+    if SIMULATOR:
+        stage_kinds = ["embedding", "input_norm", "q", "attn", "o_proj", "attn_residual", "mlp", "output", "logits"]
+        once = ("embedding", "input_norm", "logits")  # input_norm launches in layer 0 only (then add_rmsnorm)
+        qkv_stage, norm_flops = "q", 0
+    else:
+        stage_kinds = ["embedding", "input_norm", "attn", "o_proj", "post_norm", "mlp", "final_norm", "logits"]
+        once = ("embedding", "final_norm", "logits")
+        qkv_stage, norm_flops = "input_norm", 4 * 4 * config.hidden_size  # RMSNorm in front: 4 FLOPs an element
+    assert [r["variant"] for r in rows] == [f"{p} {k}" for p in ("prefill", "decode") for k in stage_kinds]
     for r in rows:
-        assert r["ms"] > 0 and r["gb_s"] > 0 and r["launches_x"] == (1 if r["variant"].split()[1] in (
-            "embedding", "input_norm", "logits") else layers)
-        assert r["gb_s"] == pytest.approx(r["bytes"] / (r["ms"] / 1e3) / 1e9)
-    prefill_q = next(r for r in rows if r["variant"] == "prefill q")
+        assert r["ms"] > 0 and r["gb_s"] > 0 and r["launches_x"] == (1 if r["variant"].split()[1] in once else layers)
+    prefill_qkv = next(r for r in rows if r["variant"] == f"prefill {qkv_stage}")
     qkv_width = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
     # the latency prompt (4 tokens) through the q|k|v projection: 2 FLOPs per multiply-add, per layer
-    assert prefill_q["tokens"] == 4 and prefill_q["flops"] == 2 * 4 * config.hidden_size * qkv_width * layers
-    assert "matmul." in prefill_q["kernel"] and "rope" in prefill_q["kernel"]
+    assert prefill_qkv["tokens"] == 4
+    assert prefill_qkv["flops"] == (2 * 4 * config.hidden_size * qkv_width + norm_flops) * layers
+    assert "matmul." in prefill_qkv["kernel"] and "rope" in prefill_qkv["kernel"].lower()
     assert "kernels    prefill mlp" in tiny_run[1]    # in the printed table
+
+
+class StepClock:
+    """time.perf_counter for a run in which only the engine's work takes time: each scheduler step (step())
+    STEP_S, each synchronised stage's wait (a cuda.synchronize) SYNC_S; nothing else moves the clock."""
+    STEP_S, SYNC_S = 1.0, 1e-3
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_reported_times_and_rates_follow_a_known_clock(monkeypatch):
+    """The latency, prefill and kernels rows against what a clock that only the engine moves makes them:
+    expectations from the definitions (TTFT = one step, TPOT = one step, ...), not from the report's fields."""
+    from kernels_numba.common import cuda
+    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.model import load_model
+    from tinyvllm.bench.engine_runs import EngineFactory, bench_kernels, bench_latency, bench_prefill
+    from tinyvllm.bench.report import add_roofline
+    cfg = bench.config_from_args(_parser().parse_args(["bench", *TINY]))
+    model = load_model(DEMO_MODEL_DIR, log=lambda message: None)
+    config = model.config
+    engines = EngineFactory(model, EngineConfig(num_blocks=32, block_size=4, max_model_len=32, cuda_graphs=False),
+                            log=lambda message: None)
+    workloads = Workloads.make(cfg, config.vocab_size, 32)
+    clock, step, synchronize = StepClock(), LLMEngine.step, cuda.synchronize
+
+    def timed_step(self):
+        clock.now += StepClock.STEP_S
+        return step(self)
+
+    def timed_synchronize(*args):
+        synchronize(*args)
+        clock.now += StepClock.SYNC_S
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(LLMEngine, "step", timed_step)
+
+    # latency: 4 prompt tokens, 2 new: the prefill step gives the first token, one decode step the second
+    (latency,) = bench_latency(engines, workloads, cfg, log=lambda message: None)
+    assert latency["ttft_ms"] == 1e3 * StepClock.STEP_S and latency["tpot_ms"] == 1e3 * StepClock.STEP_S
+    assert latency["elapsed_s"] == 2 * StepClock.STEP_S and latency["output_tok_s"] == 2 / (2 * StepClock.STEP_S)
+    with safe_open(str(DEMO_MODEL_DIR / "model.safetensors"), "np") as f:
+        checkpoint_bytes = sum(2 * math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    add_roofline([latency], bench.weight_bytes(config), {"gb_per_s": 2.0})
+    # every weight read once per decode step of STEP_S, over a 2 GB/s copy
+    assert latency["hbm_roofline_fraction"] == pytest.approx(checkpoint_bytes / StepClock.STEP_S / 2e9, rel=1e-12)
+
+    # prefill: one single-token request per length, one step each
+    rows = bench_prefill(engines, workloads, cfg, log=lambda message: None)
+    assert [(r["prompt_len"], r["ttft_ms"], r["prefill_tok_s"]) for r in rows] == [
+        (3, 1e3 * StepClock.STEP_S, 3 / StepClock.STEP_S), (6, 1e3 * StepClock.STEP_S, 6 / StepClock.STEP_S)]
+
+    # kernels: every synchronised stage waits once, so a stage kind takes SYNC_S per launch
+    monkeypatch.setattr(cuda, "synchronize", timed_synchronize)
+    rows = {r["variant"]: r for r in bench_kernels(engines, workloads, cfg, log=lambda message: None)}
+    H, V, layers = config.hidden_size, config.vocab_size, config.num_hidden_layers
+    for variant, launches in (("prefill attn", layers), ("decode mlp", layers), ("decode logits", 1)):
+        assert rows[variant]["ms"] == pytest.approx(1e3 * StepClock.SYNC_S * launches, rel=1e-9), variant
+    # the decode step's logits: the bf16 lm_head read once, one hidden row in, one row of logits out
+    logits_bytes = V * H * 2 + (H + V) * 4
+    assert rows["decode logits"]["gb_s"] == pytest.approx(logits_bytes / StepClock.SYNC_S / 1e9, rel=1e-9)
+    engines.release()

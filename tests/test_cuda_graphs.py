@@ -99,7 +99,9 @@ def test_pipelined_decode_matches_eager_with_stops_and_finishing_rows(model):
 def test_pipelined_decode_can_be_turned_off_and_abort_drops_the_in_flight_row(model):
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     off = engine(model, cuda_graphs=True, max_num_seqs=2, pipeline_decode=False)
-    assert not _count_pipelined_launches(off) and off.generate(PROMPTS[:2], params)
+    launched_off = _count_pipelined_launches(off)
+    outputs_off = off.generate(PROMPTS[:2], params)
+    assert launched_off == [], "pipeline_decode=False still launched a step before reading the previous one"
     e = engine(model, cuda_graphs=True, max_num_seqs=2)
     launched = _count_pipelined_launches(e)
     ids = [e.add_request(p, params) for p in PROMPTS[:2]]
@@ -111,7 +113,8 @@ def test_pipelined_decode_can_be_turned_off_and_abort_drops_the_in_flight_row(mo
         outputs += e.step()
     final = {o.request_id: o for o in outputs if o.finished}
     assert final[ids[0]].finish_reason == "abort" and final[ids[1]].finish_reason == "length"
-    assert final[ids[1]].token_ids == engine(model, cuda_graphs=False).generate(PROMPTS[1:2], params)[0].token_ids
+    eager = engine(model, cuda_graphs=False).generate(PROMPTS[1:2], params)[0].token_ids
+    assert final[ids[1]].token_ids == outputs_off[1].token_ids == eager and len(eager) == 6
     assert FED_BACK not in e.request(ids[0]).seq.token_ids
     e.block_manager.check_invariants()
     assert e.block_manager.num_free_blocks == e.block_manager.num_blocks

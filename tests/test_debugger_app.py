@@ -1,6 +1,7 @@
 """The debugger app driven by Pilot (headless): press keys, read what the panels show."""
 import asyncio
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -33,8 +34,17 @@ def drive(app, scenario, size=(160, 50)):
 async def press(pilot, *keys):
     """Press keys and wait until the engine worker is done and its messages are handled."""
     await pilot.press(*keys)
+    await settle(pilot)
+
+
+async def settle(pilot):
+    """Wait for the engine worker and for its last message (RunFinished, which clears `busy`) to be handled."""
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+    for _ in range(300):
+        if not pilot.app.busy:
+            break
+        await pilot.pause(0.1)
 
 
 def text(app, selector) -> str:
@@ -92,8 +102,8 @@ def test_a_block_table_after_two_requests_share_a_prefix():
         blocks = text(app, "#blocks-text")
         assert "req 0: 0→0* 1→1* 2→2\n" in blocks
         assert "req 1: 0→0* 1→1* 2→3\n" in blocks
-        # 8 hits of 8 + 10 looked-up tokens in blocks
-        assert "usage 4/32 (12.5%) · shared 2 · cached 0 · free 28 · prefix hits 44.4%" in blocks
+        # 4 blocks referenced, the 2 of the common prefix by both; prefix hits: 8 of the 8 + 10 looked-up tokens
+        assert f"usage 4/32 (12.5%) · shared 2 · cached 0 · free 28 · prefix hits {100 * 8 / 18:.1f}%\n" in blocks
         assert " 0   1   2+  3+" in blocks                # only the blocks this step took are marked new
         assert "running 2 · waiting 0" in text(app, "#scheduler-summary")
     drive(app, scenario)
@@ -113,8 +123,7 @@ def test_a_corrupted_weight_makes_the_golden_panel_flag_the_first_failing_stage(
 
     async def scenario(pilot):
         await pilot.press("b", *"golden", "enter")
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot)
         assert text(app, "#status").startswith("breakpoint: golden error at layers.1.mlp: prompt 0")
         assert "first failure: step 0 layers.1.mlp (prompt 0" in text(app, "#golden-summary")
         table = app.query_one("#golden-table", DataTable)
@@ -128,6 +137,17 @@ def test_a_corrupted_weight_makes_the_golden_panel_flag_the_first_failing_stage(
 
 def test_help_screen_and_cancel():
     app = make_app([PROMPT])
+    # The run's first stage waits until x has been pressed: a GPU would otherwise finish the whole 8-token run
+    # before the key arrives (the simulator never did), and the test would race the engine.
+    running, x_pressed = threading.Event(), threading.Event()
+    step_stage = app.session.step_stage
+
+    def first_stage_waits_for_x():
+        if not running.is_set():
+            running.set()
+            assert x_pressed.wait(timeout=60), "x was never pressed"
+        return step_stage()
+    app.session.step_stage = first_stage_waits_for_x
 
     async def scenario(pilot):
         await pilot.press("question_mark")
@@ -135,11 +155,13 @@ def test_help_screen_and_cancel():
         assert "run until a breakpoint" in str(app.screen.query_one("#help-text", Static).content)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
-        await pilot.press("c", "x")
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
-        assert text(app, "#status").startswith("cancelled after")
-        assert not app.busy
+        await pilot.press("c")
+        assert await asyncio.get_running_loop().run_in_executor(None, running.wait, 60), "c started no run"
+        await pilot.press("x")
+        x_pressed.set()
+        await settle(pilot)
+        assert text(app, "#status").startswith("cancelled after 1 events at embedding")
+        assert not app.busy and app.session.view().stages_done == 1
     drive(app, scenario)
 
 

@@ -35,14 +35,15 @@ def test_embedding_writes_nan_for_ids_outside_the_table(rng):
 def test_embedding_takes_fed_back_ids_for_fed_back_rows(rng):
     # A pipelined decode step: rows with id FED_BACK embed the previous step's token, left on the device.
     table = _table_bits(rng)
-    ids = np.array([FED_BACK, 7, FED_BACK, 0], dtype=np.int32)
-    fed_back = rng.integers(0, VOCAB, 6).astype(np.int32)  # longer than ids, as a bucket's argmax buffer is
-    out = poisoned((len(ids), HIDDEN), np.float32)
+    ids = np.array([FED_BACK, 7, FED_BACK, 0, -2], dtype=np.int32)
+    fed_back = rng.permutation(np.arange(8, VOCAB))[:6].astype(np.int32)  # distinct, none 7 or 0; longer than
+    out = poisoned((len(ids), HIDDEN), np.float32)                         # ids, as a bucket's argmax buffer is
     got = embedding(cuda.to_device(ids), cuda.to_device(table), out=out,
                     fed_back=cuda.to_device(fed_back)).copy_to_host()
-    expected = embedding_ref(ids, table, fed_back)
-    np.testing.assert_array_equal(expected[[0, 2]], embedding_ref(fed_back[[0, 2]], table))
-    np.testing.assert_array_equal(got, expected)
+    decoded = (table.astype(np.uint32) << 16).view(np.float32)  # bf16 is float32's top 16 bits
+    np.testing.assert_array_equal(got[:4], decoded[[fed_back[0], 7, fed_back[2], 0]])
+    assert np.isnan(got[4]).all()  # only FED_BACK reads fed_back; any other negative id is out of the table
+    np.testing.assert_array_equal(embedding_ref(ids, table, fed_back), got)
 
 
 @pytest.mark.parametrize("rows", [[4, 0, 8], [8], [2, 2, 5, 1]])

@@ -4,9 +4,12 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import BufferArena, cdiv, cuda, device_zeros, launching_into
-import kernels_numba.paged_attention as paged_attention_module
-from kernels_numba.paged_attention import (
-    GQA_SHARED_BYTES, QTILE, _gqa_shared_bytes, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
+import kernels_numba.attention.decode_gqa as decode_gqa_module
+import kernels_numba.attention.prefill_gqa as prefill_gqa_module
+import kernels_numba.attention.split_keys as split_keys_module
+from kernels_numba.attention.prefill_gqa import _gqa_shared_bytes
+from kernels_numba.attention import (
+    GQA_SHARED_BYTES, QTILE, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
     paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
     paged_attention_prefill_gqa, paged_attention_split_keys, paged_attention_ref, write_kv_paged,
     paged_attention_decode_gqa, paged_attention_flash_decode, split_partitions,
@@ -270,7 +273,7 @@ def test_split_keys_any_thread_count(rng, monkeypatch, threads):
     # dims; 37: three key slices of 12 lanes plus an idle thread, and more threads than the longest context
     # (33 keys) and than a chunk, so most threads hold no key. The odd counts exercise the block reductions'
     # uneven folds.
-    monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", threads)
+    monkeypatch.setattr(split_keys_module, "SPLIT_THREADS", threads)
     _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
 
 
@@ -279,25 +282,25 @@ def test_split_keys_with_and_without_partitions(rng, monkeypatch, partition_belo
     # (0, _): one block per (query, head) over its whole context; (_, 4): up to 9 partitions of 4 keys per
     # (query, head), most of them past the short contexts (no keys: they must weigh nothing in the combine);
     # (_, 64): partitions of 64 keys cover the whole (short) block table: one block per (query, head) again.
-    monkeypatch.setattr(paged_attention_module, "SPLIT_PARTITION_BELOW_BLOCKS", partition_below)
-    monkeypatch.setattr(paged_attention_module, "PARTITION_KEYS", partition_keys)
+    monkeypatch.setattr(split_keys_module, "SPLIT_PARTITION_BELOW_BLOCKS", partition_below)
+    monkeypatch.setattr(split_keys_module, "PARTITION_KEYS", partition_keys)
     _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
     _check(rng, "chunked", *LAYOUTS[1], kernel="split_keys")
 
 
 def test_split_partitions_only_for_small_batches():
-    big_batch = paged_attention_module.SPLIT_PARTITION_BELOW_BLOCKS  # queries x 1 head
+    big_batch = split_keys_module.SPLIT_PARTITION_BELOW_BLOCKS  # queries x 1 head
     assert split_partitions(big_batch, 1, 2048) == 1
-    assert split_partitions(1, 32, 2048) == cdiv(2048, paged_attention_module.PARTITION_KEYS)
+    assert split_partitions(1, 32, 2048) == cdiv(2048, split_keys_module.PARTITION_KEYS)
     assert split_partitions(1, 32, 1) == 1
 
 
 def test_split_keys_long_chunks_and_wide_heads(rng, monkeypatch):
     # head_dim 40 over 5 threads (8 dims each); chunks of 32 keys, so the 33-key context ends in a 1-key chunk
     # (the weights and rows past it keep the previous chunk's values and must not be read).
-    monkeypatch.setattr(paged_attention_module, "SPLIT_THREADS", 5)
-    monkeypatch.setattr(paged_attention_module, "SPLIT_KEY_CHUNK", 32)
-    monkeypatch.setattr(paged_attention_module, "SPLIT_PARTITION_BELOW_BLOCKS", 0)  # one block per (query, head)
+    monkeypatch.setattr(split_keys_module, "SPLIT_THREADS", 5)
+    monkeypatch.setattr(split_keys_module, "SPLIT_KEY_CHUNK", 32)
+    monkeypatch.setattr(split_keys_module, "SPLIT_PARTITION_BELOW_BLOCKS", 0)  # one block per (query, head)
     _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
 
 
@@ -314,9 +317,9 @@ def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_ch
     # 1 thread does everything; 7 threads: the (head, key) and (head, dim) items do not divide evenly; 37
     # threads: more than a chunk's items, some idle; 5 threads over group 2 (two heads per item) and chunks of
     # 4 keys, so most sequences cross many chunks.
-    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_THREADS", threads)
-    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_KEY_CHUNK", key_chunk)
-    monkeypatch.setattr(paged_attention_module, "GQA_DECODE_KEY_CHUNK_FEW_BLOCKS", key_chunk)
+    monkeypatch.setattr(decode_gqa_module, "GQA_DECODE_THREADS", threads)
+    monkeypatch.setattr(decode_gqa_module, "GQA_DECODE_KEY_CHUNK", key_chunk)
+    monkeypatch.setattr(decode_gqa_module, "GQA_DECODE_KEY_CHUNK_FEW_BLOCKS", key_chunk)
     _check(rng, "decode", *LAYOUTS[layout], kernel="decode_gqa")
 
 
@@ -334,9 +337,9 @@ def test_flash_decode_any_partition_chunk_and_thread_count(rng, monkeypatch, par
     # 4-key partitions on one thread: up to 9 per (query, KV head), all merged by one of them; 12-key partitions of
     # an 8-key chunk and a 4-key one, over 7 threads (items do not divide evenly); 5-key partitions straddle the
     # 4-key blocks, 37 threads leave most idle; 64 keys: one partition holds every context (it merges itself).
-    monkeypatch.setattr(paged_attention_module, "FLASH_DECODE_PARTITION_KEYS", partition_keys)
-    monkeypatch.setattr(paged_attention_module, "FLASH_DECODE_KEY_CHUNK", key_chunk)
-    monkeypatch.setattr(paged_attention_module, "FLASH_DECODE_THREADS", threads)
+    monkeypatch.setattr(decode_gqa_module, "FLASH_DECODE_PARTITION_KEYS", partition_keys)
+    monkeypatch.setattr(decode_gqa_module, "FLASH_DECODE_KEY_CHUNK", key_chunk)
+    monkeypatch.setattr(decode_gqa_module, "FLASH_DECODE_THREADS", threads)
     _check(rng, "decode", *LAYOUTS[2], kernel="flash_decode")
 
 
@@ -448,7 +451,7 @@ def test_prefill_gqa_other_tile_shapes(rng, monkeypatch, rows, keys, row_threads
     # 8 queries whose 4-key tiles give each thread one key of the scores.
     for name, value in [("GQA_ROWS", rows), ("GQA_KTILE", keys), ("GQA_ROW_THREADS", row_threads),
                         ("GQA_COL_THREADS", col_threads)]:
-        monkeypatch.setattr(paged_attention_module, name, value)
+        monkeypatch.setattr(prefill_gqa_module, name, value)
     _check(rng, "chunked", 4, 4, 2, 32, kernel="gqa")
 
 
@@ -457,7 +460,7 @@ def test_prefill_gqa_at_the_gpu_tile_shape(rng, monkeypatch):
     # group and head_dim), 32-key tiles; 36 + 20 new queries make full and partial query tiles, 45 keys two key
     # tiles, the first 9 of them read from the pool.
     for name, value in [("GQA_ROWS", 64), ("GQA_KTILE", 32), ("GQA_ROW_THREADS", 16), ("GQA_COL_THREADS", 8)]:
-        monkeypatch.setattr(paged_attention_module, name, value)
+        monkeypatch.setattr(prefill_gqa_module, name, value)
     assert gqa_shape(64, 4) == (16, 32, 16, 8)
     _check(rng, "long_chunk", 16, 4, 1, 64, kernel="gqa")
 
@@ -466,7 +469,7 @@ def test_prefill_gqa_gpu_shapes_fit_shared_memory(monkeypatch):
     # The GPU's sizes, checked on the host: Llama-3.2-1B gets the full 16 x 32 tile on 128 threads, and every
     # (head_dim, group) tried fits the static shared memory with sizes that divide the work evenly.
     for name, value in [("GQA_ROWS", 64), ("GQA_KTILE", 32), ("GQA_ROW_THREADS", 16), ("GQA_COL_THREADS", 8)]:
-        monkeypatch.setattr(paged_attention_module, name, value)
+        monkeypatch.setattr(prefill_gqa_module, name, value)
     assert gqa_shape(64, 4) == (16, 32, 16, 8)
     assert gqa_shape(64, 1) == (64, 32, 16, 8) and gqa_shape(64, 8) == (8, 32, 16, 8)
     for head_dim in (32, 64, 80, 96, 128, 256):

@@ -6,6 +6,7 @@ import pytest
 from kernels_numba.common import cuda
 from kernels_numba.rope import rope, rope_inv_freq, rope_qkv, rope_qkv_ref, rope_ref
 from tests.helpers import poisoned
+from tests.references import require
 
 # Llama-3.2-1B's rope_scaling (its head_dim is 64, theta 500000); with head_dim 16 instead the
 # wavelengths fall in all three bands.
@@ -74,8 +75,8 @@ def test_llama3_missing_key_is_named():
     (16, 500000.0, LLAMA3), (64, 500000.0, LLAMA3), (64, 10000.0, None), (128, 100000.0, None),
     (64, 10000.0, {"rope_type": "linear", "factor": 4.0})])
 def test_inv_freq_bit_exact_against_transformers(head_dim, theta, scaling):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    require("torch")
+    require("transformers")
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -123,8 +124,8 @@ def test_rope_in_place(rng):
 
 
 def test_rope_ref_matches_transformers(rng):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    torch = require("torch")
+    require("transformers")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     x, positions, inv_freq = _rope_inputs(rng)
@@ -181,7 +182,7 @@ def test_rope_qkv_allocates_its_outputs(rng):
 def test_rope_qkv_stores_k_and_v_into_the_paged_pools(rng):
     """With the pools: k and v land at each token's slot exactly as write_kv_paged_ref puts them (bit for bit:
     the same values rope_qkv returns), padding slots (-1) write nothing, every other pool entry keeps its value."""
-    from kernels_numba.paged_attention import write_kv_paged_ref
+    from kernels_numba.attention import write_kv_paged_ref
     n_heads, n_kv_heads, head_dim, block_size, num_blocks = 4, 2, 8, 4, 5
     n_tokens = 6
     qkv = rng.standard_normal((n_tokens, (n_heads + 2 * n_kv_heads) * head_dim)).astype(np.float32)

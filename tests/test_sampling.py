@@ -1,7 +1,9 @@
+import math
+
 import numpy as np
 import pytest
 
-from kernels_numba.common import SIMULATOR, cuda
+from kernels_numba.common import cuda
 from kernels_numba.common import host_version
 from kernels_numba.sampling import argmax, argmax_ref, keep_mask_ref, sample, sample_ref
 from kernels_numba import sampling
@@ -9,37 +11,40 @@ from kernels_numba import sampling
 # The hash and key helpers are device functions; their host versions run the same arithmetic on numpy.
 mix32, order_key, stream_key = (host_version(f) for f in (sampling.mix32, sampling.order_key, sampling.stream_key))
 from tests.helpers import poisoned
+from tests.references import require
 
 VOCAB = 301
 
 
-def _tricky_rows(rng):
+def _tricky_rows(rng, vocab=VOCAB):
     """Rows with the cases argmax gets wrong: ties, NaN, +-inf, the max at either end."""
-    rows = rng.standard_normal((9, VOCAB)).astype(np.float32)
-    rows[0, [17, 150, 300]] = 9.0                  # tie -> 17
+    rows = rng.standard_normal((9, vocab)).astype(np.float32)
+    rows[0, [17, 150, vocab - 1]] = 9.0            # tie -> 17
     rows[1, [0, 1]] = 9.0                          # tie at the start -> 0
     rows[2, :] = 0.5                               # all equal -> 0
-    rows[3, 300] = 9.0                             # last index -> 300
+    rows[3, vocab - 1] = 9.0                       # last index -> vocab - 1
     rows[4, [40, 200]] = np.nan                    # NaN counts as the max -> 40
     rows[4, 10] = np.inf
     rows[5, :] = -np.inf                           # all -inf -> 0
     rows[6, [3, 7]] = np.inf                       # tie of +inf -> 3
-    rows[7, 299] = np.nan                          # lone NaN at the end -> 299
+    rows[7, vocab - 2] = np.nan                    # lone NaN near the end -> vocab - 2
     rows[8] *= 1e30                                # large magnitudes, nothing special
     return rows
 
 
-EXPECTED_FIXED = {0: 17, 1: 0, 2: 0, 3: 300, 4: 40, 5: 0, 6: 3, 7: 299}
+def _expected_fixed(vocab):
+    return {0: 17, 1: 0, 2: 0, 3: vocab - 1, 4: 40, 5: 0, 6: 3, 7: vocab - 2}
 
 
-@pytest.mark.parametrize("threads", [None, 1, 64, pytest.param(1024, marks=pytest.mark.skipif(
-    SIMULATOR, reason="1024 simulated threads per barrier: minutes; the batch-1 launch shape, GPU tests only"))])
-def test_argmax_ties_nan_and_inf(rng, threads):
-    logits = _tricky_rows(rng)
+# 1024 threads is argmax's batch-1 launch shape on a GPU (~8 s in the simulator on the 2-core CI machine); its
+# rows are longer than three blocks, so the maxima at the end sit with threads 1021 and 1022 of the tree.
+@pytest.mark.parametrize("threads, vocab", [(None, VOCAB), (1, VOCAB), (64, VOCAB), (1024, 3 * 1024 - 1)])
+def test_argmax_ties_nan_and_inf(rng, threads, vocab):
+    logits = _tricky_rows(rng, vocab)
     out = poisoned((len(logits),), np.int32)
     got = argmax(cuda.to_device(logits), out=out, threads=threads).copy_to_host()
     np.testing.assert_array_equal(got, argmax_ref(logits))  # exact: indices
-    for row, index in EXPECTED_FIXED.items():
+    for row, index in _expected_fixed(vocab).items():
         assert got[row] == index, (row, got[row], index)
 
 
@@ -52,7 +57,7 @@ def test_argmax_row_shorter_than_block(rng):
 
 
 def test_argmax_matches_torch(rng):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     logits = _tricky_rows(rng)
     got = argmax(cuda.to_device(logits)).copy_to_host()
     np.testing.assert_array_equal(got, torch.argmax(torch.from_numpy(logits), dim=-1).numpy())
@@ -115,9 +120,78 @@ def test_greedy_and_non_finite_rows_give_argmax(rng):
     rows = [4, 5, 6, 7, 8]
     temperatures = [1.0, 1.0, 1.0, 1.0, 1e-10]   # row 8 holds ~1e30: / 1e-10 overflows to inf
     got = _launch(logits[rows], temperatures, -1, 1.0, np.arange(5), 0)
-    np.testing.assert_array_equal(got, argmax_ref(logits[rows]))
-    np.testing.assert_array_equal(sample_ref(logits[rows], temperatures, -1, 1.0, np.arange(5), 0), got)
+    fixed = _expected_fixed(VOCAB)
+    row_8 = logits[8].tolist()  # finite: the first index of the max, in plain Python
+    want = [fixed[4], fixed[5], fixed[6], fixed[7], row_8.index(max(row_8))]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(sample_ref(logits[rows], temperatures, -1, 1.0, np.arange(5), 0), want)
     assert n_rows == 9
+
+
+# ---- the noise against its specification, in plain Python --------------------------------------------
+# Written from the docstrings (module, stream_key, noise_bits, open_uniform), not from the helpers' code:
+#   mix32 = lowbias32 [16 21f0aaad 15 735a2d97 15] (C. Wellons' hash-prospector, its issue 19's constants)
+#   key(salt) = mix32 chained over (salt, seed's low 32 bits, seed's high 32 bits, step):
+#               mix32(mix32(mix32(mix32(salt) ^ seed_lo) ^ seed_hi) ^ step)
+#   bits_i = mix32(mix32(i ^ key(salt_a)) ^ key(salt_b));  u_i = (bits_i + 1/2) / 2^32
+#   g_i = float32(-log(-log(u_i))) in float64;  draw = the lowest i maximizing float32(x_i / T) + g_i
+SPEC_SALTS = (0x5851F42D, 0x14057B7E)  # the two arbitrary key constants every seeded output depends on
+MASK32 = 0xFFFFFFFF
+
+
+def spec_mix32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & MASK32
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & MASK32
+    return x ^ (x >> 15)
+
+
+def spec_key(seed: int, step: int, salt: int) -> int:
+    seed &= 2**64 - 1  # an int64 seed counts as its uint64 bits
+    key = spec_mix32(salt)
+    for word in (seed & MASK32, seed >> 32, step & MASK32):
+        key = spec_mix32(key ^ word)
+    return key
+
+
+def spec_draw(row, temperature: float, seed: int, step: int) -> int:
+    """The id a row samples with top-k and top-p off: Gumbel-max over the whole vocabulary."""
+    key_a, key_b = (spec_key(seed, step, salt) for salt in SPEC_SALTS)
+    scores = []
+    for i, x in enumerate(row):
+        u = (spec_mix32(spec_mix32(i ^ key_a) ^ key_b) + 0.5) / 2**32
+        scores.append(np.float32(x) / np.float32(temperature) + np.float32(-math.log(-math.log(u))))
+    return scores.index(max(scores))
+
+
+def test_seeded_draws_follow_the_noise_specification(rng):
+    assert tuple(int(salt) for salt in sampling.STREAM_SALTS) == SPEC_SALTS
+    vocab, n_rows = 50, 24
+    logits = np.repeat((0.5 * rng.standard_normal((1, vocab))).astype(np.float32), n_rows, axis=0)
+    # a fixed seed's first 16 draws (bits set above bit 32), then other seeds, an int64 one and other temperatures
+    seeds = [0x9E3779B97F4A7C15] * 16 + [0, 1, 2**32 - 1, 2**63 - 1, 2**64 - 1, 2**40 + 5, 7, 7]
+    steps = list(range(16)) + [0, 0, 3, 9, 1, 2, 2**31 - 1, 12]
+    temperatures = [1.0] * 16 + [0.7, 1.3, 2.0, 1.0, 0.5, 1.0, 1.0, 3.0]
+    want = [spec_draw(logits[r], temperatures[r], seeds[r], steps[r]) for r in range(n_rows)]
+    assert len(set(want[:16])) > 5  # the noise decides: a wrong bit anywhere in it moves some draw
+    got = _launch(logits, temperatures, -1, 1.0, np.array(seeds, np.uint64), steps)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(sample_ref(logits, temperatures, -1, 1.0, np.array(seeds, np.uint64), steps), want)
+    as_int64 = np.array(seeds, np.uint64).view(np.int64)  # 2^64 - 1 is the int64 seed -1
+    np.testing.assert_array_equal(_launch(logits, temperatures, -1, 1.0, as_int64, steps, seed_dtype=np.int64), want)
+
+
+def test_seeds_differing_only_above_bit_32_draw_differently(rng):
+    vocab, n_steps = 50, 6
+    logits = (0.5 * rng.standard_normal((1, vocab))).astype(np.float32)
+    low = 0x12345678
+    seeds = np.repeat(np.array([low, low + 2**32, low + 2**45, low + 2**63], np.uint64), n_steps)
+    steps = np.tile(np.arange(n_steps), 4)
+    got = _launch(np.repeat(logits, len(seeds), axis=0), 1.0, -1, 1.0, seeds, steps).reshape(4, n_steps)
+    # 6 draws over ~50 likely tokens: two seeds' rows agree everywhere with P < 1e-8 for a working hash
+    for other in got[1:]:
+        assert (other != got[0]).any(), got
 
 
 def test_top_k_1_is_argmax(rng):
@@ -191,8 +265,8 @@ def test_draws_follow_softmax_of_survivors(temperature, top_k, top_p, n_kernel):
 
 
 def test_keep_mask_matches_transformers_warpers(rng):
-    torch = pytest.importorskip("torch")
-    logits_process = pytest.importorskip("transformers.generation.logits_process")
+    torch = require("torch")
+    logits_process = require("transformers.generation.logits_process")
     logits = (3 * rng.standard_normal((6, 211))).astype(np.float32)
     for row, (temperature, top_k, top_p) in enumerate([(1.0, 50, 1.0), (0.7, 0, 0.9), (1.3, 30, 0.8),
                                                        (2.0, 5, 0.5), (0.5, 0, 0.3), (1.0, 100, 0.99)]):

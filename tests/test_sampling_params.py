@@ -53,9 +53,14 @@ def test_error_is_a_tinyvllm_error_and_a_value_error():
     assert issubclass(InvalidSamplingParams, TinyVLLMError) and issubclass(InvalidSamplingParams, ValueError)
 
 
-def test_accepts_the_edges_of_each_range():
-    SamplingParams(temperature=0.0, top_p=1.0, top_k=0, seed=0, max_tokens=1, min_tokens=1)
-    SamplingParams(top_p=1e-9, top_k=1, seed=2**63 - 1, min_tokens=16)
+@pytest.mark.parametrize("settings", [
+    {"temperature": 0.0}, {"top_p": 1.0}, {"top_p": 1e-9}, {"top_k": -1}, {"top_k": 0}, {"top_k": 1},
+    {"seed": 0}, {"seed": 2**63 - 1}, {"max_tokens": 1, "min_tokens": 1}, {"min_tokens": 0}, {"min_tokens": 16},
+])
+def test_accepts_the_edges_of_each_range_and_keeps_them(settings):
+    params = SamplingParams(**settings)
+    for field, value in settings.items():  # kept as given: not clamped, not mapped to another "off" value
+        assert getattr(params, field) == value and type(getattr(params, field)) is type(value), (field, value)
 
 
 def test_from_generation_defaults_llama32():

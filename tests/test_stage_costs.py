@@ -50,3 +50,16 @@ def test_the_fused_layer_counts_each_launch_where_it_runs():
     assert fused["post_norm"].bytes == 2 * I * H * 2 + T * (H + I) * 4 + H * 2 + 2 * T * H * 4
     assert fused["mlp"].flops == 2 * T * I * H + T * H
     assert fused["final_norm"] == plain["input_norm"] and fused["attn"] == plain["attn"]
+
+
+def test_float32_weights_count_four_bytes_a_weight():
+    batch = ForwardBatch(token_ids=[1, 2], positions=[0, 1], query_seq=[0, 0], slot_mapping=[0, 1],
+                         block_tables=np.array([[0]]), logits_rows=[1])
+    bf16, f32 = stage_costs(CONFIG, batch, 1), stage_costs(CONFIG, batch, 1, weight_bytes=4)
+    H, I, V, qkv_width = 8, 12, 100, 4 * 2 + 2 * 2 * 2
+    assert f32["q"].bytes - bf16["q"].bytes == 2 * qkv_width * H   # the weights' second two bytes
+    assert f32["mlp"].bytes - bf16["mlp"].bytes == 2 * 3 * I * H
+    assert f32["logits"].bytes - bf16["logits"].bytes == 2 * V * H and f32["q"].flops == bf16["q"].flops
+    assert f32["embedding"].bytes - bf16["embedding"].bytes == 2 * 2 * H   # the two rows gathered
+    from tinyvllm.bench import weight_bytes
+    assert weight_bytes(CONFIG, 4) == 2 * weight_bytes(CONFIG)

@@ -10,6 +10,7 @@ from tests.llama3_vocab import (LLAMA3_SPLIT_PATTERN, llama3_model_dir, meta_tok
 from tinyvllm.chat_template import LLAMA32_CHAT_TEMPLATE
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.tokenizer import Tokenizer
+from tests.references import require
 
 BOS_ID, EOT_ID = 128000, 128009
 MIXED_TEXT = ("Héllo, wörld! 1234567 + 0.5 = ?\n\n\tIndented\r\nline — «quotes» 漢字かな한국어 Привет "
@@ -83,7 +84,7 @@ def test_encode_chat_has_one_bos_and_ends_with_the_assistant_header(tok):
 
 
 def test_encode_chat_matches_transformers(tok, llama3_model_dir):  # noqa: F811
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     hf = transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(llama3_model_dir / "tokenizer.json"), chat_template=LLAMA32_CHAT_TEMPLATE,
         bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")

@@ -101,28 +101,28 @@ def test_untied_checkpoint_without_lm_head_is_refused(tmp_path, rng):
 
 
 @pytest.mark.parametrize("dtype, name", [(np.float32, "F32"), (np.float16, "F16")])
-def test_f32_and_f16_are_rounded_to_bf16_bit_exact_with_one_notice(tmp_path, rng, dtype, name):
+def test_f32_and_f16_keep_their_values_as_float32_with_one_notice(tmp_path, rng, dtype, name):
     config = tiny_config()
     tensors = random_checkpoint(config, rng, dtype)
-    # Values exactly half-way between two bf16 values, with even and odd low bits: round-to-nearest-even
-    # must pick the even one (truncation or round-half-up would not).
-    ties = np.array([0x3F808000, 0x3F818000, 0xC0498000, 0x40C98000], dtype=np.uint32).view(np.float32)
-    tensors["model.norm.weight"] = np.concatenate([ties, ties * 2]).astype(dtype)  # these are exact in f16 too
+    # Values no bf16 can hold (low mantissa bits set), which rounding to bf16 would change: kept exactly.
+    precise = np.array([0x3F808001, 0x3F81FFFF, 0xC0498123, 0x40C97FFF], dtype=np.uint32).view(np.float32)
+    tensors["model.norm.weight"] = np.concatenate([precise, precise / 2]).astype(dtype)
     save_file(tensors, str(tmp_path / "model.safetensors"))
     notices = []
     weights = load_weights(tmp_path, config, notices=notices)
-    np.testing.assert_array_equal(weights["model.norm.weight"][:4], [0x3F80, 0x3F82, 0xC04A, 0x40CA])
     for tensor_name, array in tensors.items():
-        assert weights[tensor_name].dtype == np.uint16
-        np.testing.assert_array_equal(weights[tensor_name], bf16_bits(array))
+        assert weights[tensor_name].dtype == np.float32
+        np.testing.assert_array_equal(weights[tensor_name], array.astype(np.float64))  # F16 -> F32 is exact
+    if dtype == np.float32:
+        np.testing.assert_array_equal(weights["model.norm.weight"][:4].view(np.uint32), precise.view(np.uint32))
     assert len(notices) == 1
-    assert f"rounded {len(tensors)} {name} tensors to bf16 (round-to-nearest-even)" in notices[0]
+    assert f"{len(tensors)} {name} tensors: computing with float32 weights" in notices[0]
 
 
-def test_rounding_notice_is_a_warning_without_a_notices_list(tmp_path, rng):
+def test_float32_notice_is_a_warning_without_a_notices_list(tmp_path, rng):
     config = tiny_config(layers=1)
     save_file(random_checkpoint(config, rng, np.float32), str(tmp_path / "model.safetensors"))
-    with pytest.warns(UserWarning, match="F32 tensors to bf16") as record:
+    with pytest.warns(UserWarning, match="F32 tensors: computing with float32 weights") as record:
         load_weights(tmp_path, config)
     assert len(record) == 1
 
@@ -146,9 +146,11 @@ def test_sharded_checkpoint_with_mixed_dtypes(tmp_path, rng):
     notices = []
     weights = load_weights(tmp_path, config, notices=notices)
     assert weights.keys() == tensors.keys()
-    for name, array in bf16.items():  # F32 copies of bf16 values round back to the same bits
-        np.testing.assert_array_equal(weights[name], array.view(np.uint16))
-    assert len(notices) == 1 and "rounded 9 F32 tensors" in notices[0]
+    for name, array in bf16.items():  # one dtype for the model: float32, the BF16 tensors widened exactly
+        assert weights[name].dtype == np.float32
+        np.testing.assert_array_equal(weights[name], array.astype(np.float32))
+    assert len(notices) == 1 and notices[0].endswith(": 12 BF16, 9 F32 tensors: computing with float32 weights "
+                                                     "(BF16 widened exactly)")
 
 
 def load_error(model_dir, config=None):

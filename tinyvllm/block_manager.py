@@ -8,6 +8,12 @@ allocation takes from the head). With prefix caching a FULL block is named by a 
 token ids, hash(parent block's hash, token ids), so equal hashes mean equal whole prefixes. A freed
 full block keeps its hash and can be reused by a later sequence with the same prefix until it is
 taken from the free queue for new data (evicted).
+
+Nothing is built per block up front (a pool sized from GPU memory can hold millions of blocks, most never
+used): the free queue starts as blocks 0..num_blocks-1 in order, and since freed blocks join at the tail,
+the blocks never allocated yet are always its head, in id order. So the queue is a counter (the lowest
+never-allocated id) followed by the freed blocks in the order they were freed, and a block's record is
+made when it is first allocated.
 """
 from __future__ import annotations
 
@@ -44,8 +50,9 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._blocks: dict[int, Block] = {}          # every block allocated at least once
+        self._next_unused = 0                         # blocks >= this were never allocated: the queue's head
+        self._freed: OrderedDict[int, None] = OrderedDict()  # the rest of the free queue, oldest first
         self.hash_to_block: dict[bytes, int] = {}
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
@@ -53,7 +60,7 @@ class BlockManager:
     # ---- sizes and stats -------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return self.num_blocks - self._next_unused + len(self._freed)
 
     @property
     def usage(self) -> float:
@@ -78,18 +85,33 @@ class BlockManager:
         table, bs = seq.block_table, self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
-    # ---- debugger view ---------------------------------------------------------------------
+    # ---- one block, and the debugger's view of all of them ----------------------------------
+    def block(self, block_id: int) -> Block:
+        """A block's record (a blank one, not kept, for a block never allocated)."""
+        assert 0 <= block_id < self.num_blocks, block_id
+        return self._blocks.get(block_id) or Block(block_id)
+
+    def is_free(self, block_id: int) -> bool:
+        """Whether the block is in the free queue (unreferenced)."""
+        return block_id >= self._next_unused or block_id in self._freed
+
     def is_cached(self, block_id: int) -> bool:
-        block = self.blocks[block_id]
-        return block.hash is not None and self.hash_to_block.get(block.hash) == block_id
+        block = self._blocks.get(block_id)
+        return block is not None and block.hash is not None and self.hash_to_block.get(block.hash) == block_id
 
     def block_states(self) -> list[str]:
-        """Per block: "used" (referenced), "cached" (free but reusable by a prefix hit) or "free"."""
-        return ["used" if b.ref_count else "cached" if self.is_cached(b.block_id) else "free"
-                for b in self.blocks]
+        """Per block: "used" (referenced), "cached" (free but reusable by a prefix hit) or "free"
+        (a list over the whole pool: for the debugger's grid)."""
+        states = ["free"] * self.num_blocks
+        for block_id, block in self._blocks.items():
+            states[block_id] = "used" if block.ref_count else "cached" if self.is_cached(block_id) else "free"
+        return states
 
     def ref_counts(self) -> list[int]:
-        return [b.ref_count for b in self.blocks]
+        counts = [0] * self.num_blocks
+        for block_id, block in self._blocks.items():
+            counts[block_id] = block.ref_count
+        return counts
 
     # ---- prefix cache ----------------------------------------------------------------------
     def lookup_prefix(self, seq: Sequence) -> int:
@@ -111,13 +133,13 @@ class BlockManager:
             token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             parent = block_hash(parent, token_ids)
             block_id = self.hash_to_block.get(parent)
-            if block_id is None or self.blocks[block_id].token_ids != token_ids:
+            if block_id is None or self._blocks[block_id].token_ids != token_ids:
                 break
             hits.append(block_id)
         for block_id in hits:
-            block = self.blocks[block_id]
+            block = self._blocks[block_id]
             if block.ref_count == 0:
-                del self.free_queue[block_id]
+                del self._freed[block_id]  # a block with a hash was allocated before: it is not in the head
             block.ref_count += 1
         seq.block_table = hits
         seq.num_hashed_blocks = len(hits)
@@ -133,9 +155,9 @@ class BlockManager:
         # Blocks fill in order, so only those past the last registered one can be new (a long sequence
         # would otherwise walk its whole table every step).
         start = seq.num_hashed_blocks
-        parent = self.blocks[seq.block_table[start - 1]].hash if start else None
+        parent = self._blocks[seq.block_table[start - 1]].hash if start else None
         for i in range(start, seq.num_computed_tokens // bs):
-            block = self.blocks[seq.block_table[i]]
+            block = self._blocks[seq.block_table[i]]
             if block.hash is None:
                 token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
                 block.hash, block.token_ids = block_hash(parent, token_ids), token_ids
@@ -155,31 +177,41 @@ class BlockManager:
         if missing > self.num_free_blocks:
             return False
         for _ in range(missing):
-            block_id, _ = self.free_queue.popitem(last=False)
-            block = self.blocks[block_id]
+            block = self._take_free_block()
             assert block.ref_count == 0
-            if self.is_cached(block_id):  # evict: its old contents are about to be overwritten
+            if self.is_cached(block.block_id):  # evict: its old contents are about to be overwritten
                 del self.hash_to_block[block.hash]
             block.reset()
             block.ref_count = 1
-            seq.block_table.append(block_id)
+            seq.block_table.append(block.block_id)
         return True
+
+    def _take_free_block(self) -> Block:
+        """The free queue's head: the lowest never-allocated block (made now), else the longest-freed one."""
+        if self._next_unused < self.num_blocks:
+            block = self._blocks[self._next_unused] = Block(self._next_unused)
+            self._next_unused += 1
+            return block
+        block_id, _ = self._freed.popitem(last=False)
+        return self._blocks[block_id]
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks. Last blocks first, so they sit nearer the head and are evicted first."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
+            block = self._blocks[block_id]
             block.ref_count -= 1
-            assert block.ref_count >= 0 and block_id not in self.free_queue
+            assert block.ref_count >= 0 and block_id not in self._freed
             if block.ref_count == 0:
-                self.free_queue[block_id] = None
+                self._freed[block_id] = None
         seq.block_table = []
         seq.num_hashed_blocks = 0
         seq.num_computed_tokens = 0
 
     def check_invariants(self) -> None:
-        for block in self.blocks:
+        """Over the blocks ever allocated (never-allocated ones have no state): O(blocks used so far)."""
+        assert set(self._blocks) == set(range(self._next_unused)), "blocks are made in id order, once"
+        for block in self._blocks.values():
             assert block.ref_count >= 0, block
-            assert (block.ref_count == 0) == (block.block_id in self.free_queue), block
+            assert (block.ref_count == 0) == (block.block_id in self._freed), block
         for h, block_id in self.hash_to_block.items():
-            assert self.blocks[block_id].hash == h
+            assert self._blocks[block_id].hash == h

@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check-goldens", help="compare every stage of the forward pass with a golden file")
     _engine_args(c)
-    c.add_argument("--goldens", metavar="FILE", help="golden .npz (default: goldens/demo.npz)")
+    c.add_argument("--goldens", metavar="FILE", help="golden .npz (default: the demo model's, tinyvllm/goldens/demo.npz)")
     c.add_argument("--rtol", type=float, help="max error relative to each stage's largest value")
     c.add_argument("--no-greedy", action="store_true", help="skip the greedy continuation check")
     c.set_defaults(run=_check_goldens)
@@ -144,7 +144,26 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark latency, prefill, throughput and serving (optionally vs HF)",
                        description=bench.__doc__)
     bench.add_arguments(b)
+    from .serving import replay
+    replay.add_bench_arguments(b)
     b.set_defaults(run=bench.run)
+
+    from .serving import cli as serving_cli
+    sv = sub.add_parser("serve", help="serve the model: OpenAI-compatible HTTP API, or --jsonl on stdin/stdout",
+                       description=serving_cli.__doc__)
+    serving_cli.add_arguments(sv)
+    sv.set_defaults(run=serving_cli.run)
+
+    from .gguf_import import convert
+    v = sub.add_parser("convert", help="write a GGUF model as an HF model directory", description=convert.__doc__)
+    convert.add_arguments(v)
+    v.set_defaults(run=convert.run)
+
+    from .evaluation import cli as evaluation_cli
+    e = sub.add_parser("eval", help="MMLU / GPQA-diamond accuracy of a model or an OpenAI-compatible server")
+    _engine_args(e)
+    evaluation_cli.add_arguments(e)
+    e.set_defaults(run=evaluation_cli.run, max_num_seqs=32, max_num_batched_tokens=4096)
 
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
@@ -159,13 +178,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _engine_args(p):
-    p.add_argument("--model", metavar="DIR", help="HF Llama model directory (default: the demo model)")
+    p.add_argument("--model", metavar="DIR", help="HF Llama model directory, or a .gguf file (or a directory "
+                                                  "holding one) (default: the demo model)")
     e = p.add_argument_group("engine")
     e.add_argument("--max-model-len", type=int, metavar="N", help="longest prompt + output (default: min(4096, model's))")
     e.add_argument("--max-num-seqs", type=int, default=8, metavar="N", help="sequences in flight per step")
     e.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N", help="token budget per step")
     e.add_argument("--block-size", type=int, default=16, metavar="N", help="tokens per KV block")
-    e.add_argument("--num-blocks", type=int, metavar="N", help="KV blocks in the pool (default: from free GPU memory)")
+    e.add_argument("--num-blocks", type=int, metavar="N",
+                   help="KV blocks in the pool (default: max-num-seqs x max-model-len, capped by memory)")
     e.add_argument("--gpu-memory-fraction", type=float, default=0.5, metavar="F",
                    help="share of free GPU memory for the KV pool when --num-blocks is not given")
     e.add_argument("--batching", choices=("continuous", "static"), default="continuous",
@@ -192,9 +213,8 @@ def _sampling_params(args, overrides: dict, where: str):
     flags = {name: getattr(args, name) for name in SAMPLING_DEFAULTS} | {"stop": tuple(args.stop)}
     try:
         if args.use_generation_config:
-            from .config import GenerationDefaults
-            from .model import default_model_dir
-            defaults = GenerationDefaults.from_model_dir(args.model or default_model_dir())
+            from .model import read_generation_defaults
+            defaults = read_generation_defaults(args.model)
             explicit = {k: v for k, v in flags.items() if v != SAMPLING_DEFAULTS[k]}
             return SamplingParams.from_generation_defaults(defaults, **{**explicit, **overrides})
         unknown = set(overrides) - set(SamplingParams.__dataclass_fields__)

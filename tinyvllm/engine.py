@@ -28,7 +28,8 @@ from kernels_numba.sampling import argmax, sample, suppress_tokens
 from .block_manager import BlockManager
 from .cuda_graphs import DecodeGraphs, PendingTokens
 from .errors import TinyVLLMError
-from .kv_pool import KVPool, blocks_that_fit
+from .kv_pool import KVPool, default_num_blocks
+from .logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from .metrics import MetricsCollector, RequestMetrics
 from .model import LoadedModel, load_model, log_to_stderr
 from .model_runner import ForwardBatch, ModelRunner, Stage, drain
@@ -39,12 +40,17 @@ from .sequence import Sequence
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
+class InvalidPrompt(TinyVLLMError, ValueError):
+    """A prompt the engine cannot run; the message says why."""
+
+
 @dataclass
 class EngineConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512     # token budget of one step
     block_size: int = 16
-    num_blocks: int | None = None         # None: gpu_memory_fraction of the free GPU memory
+    num_blocks: int | None = None         # None: what max_num_seqs x max_model_len can use, capped by
+    #                                       gpu_memory_fraction of the free GPU memory (kv_pool.default_num_blocks)
     gpu_memory_fraction: float = 0.5
     max_model_len: int | None = None      # None: min(max_position_embeddings, 4096)
     chunked_prefill: bool = True
@@ -80,6 +86,24 @@ class RequestOutput:
     _text: str | None = field(default=None, repr=False)
     _detokenize: Callable[[list[int]], str] | None = field(default=None, repr=False, compare=False)
     _metrics: Callable[[], RequestMetrics] | RequestMetrics | None = field(default=None, repr=False, compare=False)
+    _logprobs: Callable[[], list[TokenLogprobs]] | list[TokenLogprobs] | None = field(default=None, repr=False)
+    _prompt_logprobs: Callable[[], list] | list | None = field(default=None, repr=False)
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        """With SamplingParams.logprobs: one {token id: logprob} per output token (aligned with token_ids):
+        the token's own, then the top-n, then logprob_token_ids'. None when not asked for."""
+        if callable(self._logprobs):
+            self._logprobs = self._logprobs()
+        return self._logprobs
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
+        """With SamplingParams.prompt_logprobs: one entry per prompt token (None for the first, and for
+        positions not computed yet), each the token's own logprob then the top-n."""
+        if callable(self._prompt_logprobs):
+            self._prompt_logprobs = self._prompt_logprobs()
+        return self._prompt_logprobs
 
     @property
     def token_ids(self) -> list[int]:
@@ -118,6 +142,14 @@ class _Request:
     reported_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[TokenLogprobs] | None = None          # see RequestOutput.logprobs
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+
+    def __post_init__(self):
+        if self.params.logprobs is not None:
+            self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
 
 @dataclass
@@ -142,7 +174,10 @@ class LLMEngine:
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
         c = self.model.config
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
-        num_blocks = config.num_blocks or blocks_that_fit(c, config.block_size, config.gpu_memory_fraction)
+        num_blocks, why = config.num_blocks, "as configured"
+        if num_blocks is None:
+            num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, self.max_model_len,
+                                                 config.enable_prefix_caching, config.gpu_memory_fraction)
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
         self.kv_pool = KVPool(c, num_blocks, config.block_size)
@@ -169,8 +204,8 @@ class LLMEngine:
         self.last_batch: ForwardBatch | None = None
         self.num_steps = 0
         self._in_flight: _InFlight | None = None
-        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB), "
-            f"max model len {self.max_model_len}")
+        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB: "
+            f"{why}), max model len {self.max_model_len}")
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
@@ -192,7 +227,8 @@ class LLMEngine:
         self.metrics.on_arrival(request_id, time.perf_counter(), len(ids))
         error = error or self._prompt_error(ids, params)
         if error is None:
-            request.seq = Sequence(next(self._seq_ids), ids, max_tokens=self._max_tokens(ids, params), data=request)
+            request.seq = Sequence(next(self._seq_ids), ids, max_tokens=self._max_tokens(ids, params), data=request,
+                                   skip_prefix_cache=params.prompt_logprobs is not None)
             try:
                 self.scheduler.add(request.seq)
             except ValueError as e:
@@ -210,6 +246,29 @@ class LLMEngine:
             self.scheduler.finish(request.seq)
             request.finish_reason = "abort"
             self._rejected.append(request)
+
+    def release_request(self, request_id: str) -> None:
+        """Forget a finished request whose final output has been read: a long-lived server calls this so its
+        tables stay flat over any number of requests; generate() keeps them (engine.request(id) afterwards)."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return
+        assert request.finish_reason is not None and request not in self._rejected, \
+            f"request {request_id!r} is released before its final output"
+        del self._requests[request_id]
+        if request.seq is not None:
+            self._by_seq_id.pop(request.seq.seq_id, None)
+        self.metrics.forget(request_id)
+
+    def prepare_prompt(self, prompt: str | list[int] | list[dict],
+                       params: SamplingParams | None = None) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt as add_request would queue it; raises InvalidPrompt naming what is
+        wrong (empty, unknown ids, longer than the context), for callers that reject a prompt up front."""
+        text, ids, error = self._tokenize(prompt)
+        error = error or self._prompt_error(ids, params or self.default_params)
+        if error is not None:
+            raise InvalidPrompt(error)
+        return text, ids
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished or bool(self._rejected)
@@ -240,7 +299,7 @@ class LLMEngine:
         for s in schedule.scheduled:
             self.metrics.on_scheduled(s.seq.data.request_id, now)
         if not schedule.is_empty:
-            batch = self._build_batch(schedule)
+            batch, plan = self._build_batch(schedule)
             self.last_batch = batch
             greedy_ids = None  # each row's argmax, when the step computed it already (a graph replay)
             graphed = graphs and not all_logits and self.decode_graphs and self.decode_graphs.can_run(batch)
@@ -256,7 +315,11 @@ class LLMEngine:
             if all_logits:
                 logits = take_rows(logits, cuda.to_device(batch.logits_rows))
             sampling = [s.seq for s in schedule.scheduled if s.samples]
-            new_tokens = self._sample(logits, sampling, greedy_ids) if sampling else []
+            wants_logprobs = any(s.seq.data.params.wants_logprobs for s in schedule.scheduled)
+            sampler_logits = plan.sampler_logits(logits, wants_logprobs) if sampling else None
+            new_tokens = self._sample(sampler_logits, sampling, greedy_ids) if sampling else []
+            if wants_logprobs:
+                record_logprobs(logits, plan, [(seq.data, t) for seq, t in zip(sampling, new_tokens)])
             self.scheduler.update(schedule, {seq.seq_id: t for seq, t in zip(sampling, new_tokens)})
             now = time.perf_counter()
             for seq in sampling:
@@ -285,7 +348,7 @@ class LLMEngine:
         (no stop token suppressed by min_tokens)."""
         if not self.config.pipeline_decode:
             return False
-        return all(s.samples and s.seq.data.params.temperature == 0
+        return all(s.samples and s.seq.data.params.temperature == 0 and not s.seq.data.params.wants_logprobs
                    and s.seq.num_output_tokens >= s.seq.data.params.min_tokens for s in schedule.scheduled)
 
     def _can_follow(self, in_flight: _InFlight) -> bool:
@@ -318,7 +381,7 @@ class LLMEngine:
             self.scheduler.update(in_flight.schedule, {seq.seq_id: FED_BACK for seq in seqs})
             schedule = self.scheduler.schedule()
             assert [s.seq for s in schedule.scheduled] == seqs and not schedule.preempted, "pipelined step changed"
-            self.last_schedule, self.last_batch = schedule, self._build_batch(schedule)
+            self.last_schedule, self.last_batch = schedule, self._build_batch(schedule)[0]
             now = time.perf_counter()
             for seq in seqs:
                 self.metrics.on_scheduled(seq.data.request_id, now)
@@ -378,6 +441,9 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             return f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}"
+        bad = [t for t in params.logprob_token_ids if t >= vocab]
+        if bad:
+            return f"logprob_token_ids outside the vocabulary [0, {vocab}): {bad[:5]}"
         if len(ids) >= self.max_model_len:
             return (f"prompt has {len(ids)} tokens but the model's context holds {self.max_model_len} "
                     f"(prompt + at least one new token); raise --max-model-len or shorten it")
@@ -386,19 +452,19 @@ class LLMEngine:
     def _max_tokens(self, ids: list[int], params: SamplingParams) -> int:
         return max(1, min(params.max_tokens, self.max_model_len - len(ids)))
 
-    def _build_batch(self, schedule: SchedulerOutput) -> ForwardBatch:
-        token_ids, positions, query_seq, slots, logits_rows = [], [], [], [], []
+    def _build_batch(self, schedule: SchedulerOutput) -> tuple[ForwardBatch, LogitsPlan]:
+        token_ids, positions, query_seq, slots = [], [], [], []
+        plan = LogitsPlan()
         for row, s in enumerate(schedule.scheduled):
+            plan.add_chunk(s.seq.data, len(token_ids), s.start, s.end, s.seq.num_prompt_tokens, s.samples)
             token_ids += s.token_ids
             positions += range(s.start, s.end)
             query_seq += [row] * s.num_new_tokens
             slots += self.block_manager.slots(s.seq, s.start, s.end)
-            if s.samples:
-                logits_rows.append(len(token_ids) - 1)
         tables = [s.seq.block_table for s in schedule.scheduled]
         width = max(map(len, tables))
         block_tables = np.array([t + [-1] * (width - len(t)) for t in tables], np.int32)
-        return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, logits_rows)
+        return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, plan.rows), plan
 
     def _sample(self, logits, seqs: list[Sequence], greedy_ids=None) -> list[int]:
         """The next token of each row; `greedy_ids`: the rows' argmax if already computed (valid only while
@@ -457,4 +523,6 @@ class LLMEngine:
             finish_reason=request.finish_reason, error=request.error,
             _text=request.text, _detokenize=self.tokenizer.decode,
             _metrics=functools.partial(self.metrics.request_metrics, request.request_id,
-                                       (n_out, request.finish_reason is not None)))
+                                       (n_out, request.finish_reason is not None)),
+            _logprobs=None if request.logprobs is None else request.logprobs[:n_out],
+            _prompt_logprobs=None if request.prompt_logprobs is None else list(request.prompt_logprobs))

@@ -2,6 +2,10 @@
 
 Allocated once on the device. Token slot `block_id * block_size + offset`; which blocks belong to which
 sequence is the BlockManager's business, and a sequence's block table is shared by all layers.
+
+Default size (`default_num_blocks`): what the configuration can use, max_num_seqs sequences of max_model_len
+tokens, plus one more such sequence with prefix caching (room for cached prefixes beside a full batch),
+capped by gpu_memory_fraction of the free GPU memory (SIMULATOR_DEFAULT_BLOCKS in the simulator).
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernels_numba.common import SIMULATOR, cuda
+from kernels_numba.common import SIMULATOR, cdiv, cuda
 
 from .config import ModelConfig
 
@@ -26,6 +30,24 @@ def blocks_that_fit(config: ModelConfig, block_size: int, memory_fraction: float
         return SIMULATOR_DEFAULT_BLOCKS
     free, _total = cuda.current_context().get_memory_info()
     return int(free * memory_fraction) // bytes_per_block(config, block_size)
+
+
+def blocks_usable(max_num_seqs: int, max_model_len: int, block_size: int, prefix_caching: bool) -> int:
+    """The most blocks the scheduler can use: max_num_seqs sequences of max_model_len tokens, plus one more
+    such sequence's worth with prefix caching, so a full batch leaves room for cached prefixes."""
+    return (max_num_seqs + (1 if prefix_caching else 0)) * cdiv(max_model_len, block_size)
+
+
+def default_num_blocks(config: ModelConfig, block_size: int, max_num_seqs: int, max_model_len: int,
+                       prefix_caching: bool, memory_fraction: float) -> tuple[int, str]:
+    """The pool size when none is given, and why (for the log): blocks_usable, capped by blocks_that_fit."""
+    usable = blocks_usable(max_num_seqs, max_model_len, block_size, prefix_caching)
+    fit = blocks_that_fit(config, block_size, memory_fraction)
+    wanted = f"{max_num_seqs} sequences x {max_model_len} tokens" + (" + 1 for prefix caching" * prefix_caching)
+    if usable <= fit:
+        return usable, wanted
+    where = "the simulator's default" if SIMULATOR else f"{memory_fraction:g} of free GPU memory"
+    return fit, f"capped by {where}; {wanted} would use {usable}"
 
 
 @dataclass

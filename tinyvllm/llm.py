@@ -15,7 +15,7 @@ from .sampling_params import SamplingParams
 
 class LLM:
     def __init__(self, model: str | Path | None = None, log=log_to_stderr, **engine_options):
-        """`model`: a HF Llama model directory (default: the demo model). `engine_options`: EngineConfig
+        """`model`: a HF Llama model directory or a .gguf file (default: the demo model). `engine_options`: EngineConfig
         fields (max_num_seqs, max_num_batched_tokens, block_size, num_blocks, max_model_len, ...)."""
         self.engine = LLMEngine(model, EngineConfig(**engine_options), log=log)
 

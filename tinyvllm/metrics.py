@@ -20,6 +20,7 @@ milliseconds, `_s` seconds (times of events count from the run's first timestamp
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 ERROR = "error"
@@ -229,6 +230,15 @@ class MetricsCollector:
         self._steps.append(StepSample(t, num_running, num_waiting, kv_usage, num_batched_tokens,
                                       prefix_hit_rate))
         self._saw(t)
+
+    def forget(self, request_id) -> None:
+        """Drop a finished request (a long-lived server keeps only what it still reports)."""
+        r = self._requests.pop(request_id, None)
+        assert r is None or r.finished is not None, f"request {request_id!r} is forgotten before it finished"
+
+    def keep_last_steps(self, n: int) -> None:
+        """From now on keep only the last n step samples (summary()'s step means then cover those)."""
+        self._steps = deque(self._steps, maxlen=n)
 
     def request_metrics(self, request_id, as_of: tuple[int, bool] | None = None) -> RequestMetrics:
         """A request's metrics now, or `as_of` (output tokens, finished) an earlier moment: its first that

@@ -12,9 +12,9 @@ Launched as 9 kernels per layer (prefill, and everything in the simulator): q|k|
 one rope kernel that splits it and writes K/V into the paged pool, attention, o_proj, a residual add fused
 with the next RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm). Steps whose
 projections gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 5
-kernels): each RMSNorm inside the GEMV that reads it (gemv_rmsnorm, gemv_rmsnorm_rope), RoPE and the K/V
-write behind q|k|v, the SwiGLU gate behind gate|up, each residual add inside the GEMV that feeds it
-(gemv_residual); at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
+kernels, gemv_fused with kernels_numba/epilogues.py's objects): each RMSNorm inside the GEMV that reads it,
+RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, each residual add inside the GEMV that
+feeds it; at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
 Every stage keeps its name and output in both; a stage whose output a fused kernel already produced
 launches nothing and says which stage computed it. CUDA graphs (tinyvllm/cuda_graphs.py) record this same
 generator for decode steps.
@@ -30,10 +30,11 @@ import numpy as np
 from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
-from kernels_numba.matmul import gemv_residual, gemv_rmsnorm, gemv_rmsnorm_rope, linear, linear_kernel_name
-from kernels_numba.paged_attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
-                                           paged_attention_flash_decode, paged_attention_per_query,
-                                           paged_attention_prefill_gqa)
+from kernels_numba.epilogues import RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue
+from kernels_numba.matmul import gemv_fused, linear, linear_kernel_name
+from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
+                                     paged_attention_flash_decode, paged_attention_per_query,
+                                     paged_attention_prefill_gqa)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
 
@@ -57,7 +58,8 @@ class LayerWeights:
 
 @dataclass
 class DeviceWeights:
-    """Every weight of the model on the device, as uint16 bf16 bit patterns, uploaded once."""
+    """Every weight of the model on the device, uploaded once, all of one dtype: uint16 bf16 bit patterns, or
+    float32 for a checkpoint with F32 or F16 tensors (tinyvllm.weights; kernels_numba.weight_dtype)."""
     embed_tokens: object
     layers: list[LayerWeights]
     norm: object
@@ -142,7 +144,7 @@ class DeviceBatch:
     slot_mapping: object
     block_tables: object
     decode_only: bool
-    prefill_tiles: object = None   # kernels_numba.paged_attention.PrefillTiles, for steps with prefill chunks
+    prefill_tiles: object = None   # kernels_numba.attention.PrefillTiles, for steps with prefill chunks
     logits_rows: object = None     # device int32 [R]: which tokens get logits; None: every token
     fed_back: object = None        # device int32 [>= T]: the ids that token ids FED_BACK stand for (see embedding)
 
@@ -304,9 +306,10 @@ class ModelRunner:
                    for n_in in (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size))
 
     def _fused_layers(self, batch: DeviceBatch, h, attend, attention_kernel: str, _stage, logits: bool):
-        """The layers with every RMSNorm fused in front of the projection that reads it (gemv_rmsnorm,
-        gemv_rmsnorm_rope), RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, and every
-        residual add behind the projection that feeds it (gemv_residual): 5 launches a layer, four fewer than
+        """The layers with every RMSNorm fused in front of the projection that reads it (RMSNormPrologue), RoPE
+        and the K/V write behind q|k|v (RopeKVEpilogue), the SwiGLU gate behind gate|up (SwiGLUEpilogue), and
+        every residual add behind the projection that feeds it (ResidualEpilogue), all gemv_fused launches:
+        5 launches a layer, four fewer than
         the add_rmsnorm path, and no kernel that only moves activations. Same stages, same outputs (up to
         float32 rounding: the norm's scale multiplies the dot products instead of the inputs)."""
         c, w_all = self.config, self.weights
@@ -316,23 +319,26 @@ class ModelRunner:
         for i, w in enumerate(w_all.layers):
             k_pool, v_pool = self.kv_pool.layer(i)
             name = f"layers.{i}.".__add__
-            q, k, v, _ = yield from _stage(name("input_norm"), "matmul.gemv_rmsnorm_rope (input_norm fused in front "
-                                           "of q|k|v in one, RoPE and the K/V write behind)", lambda: gemv_rmsnorm_rope(
-                                               h, w.input_norm, eps, w.qkv_proj, positions, self.inv_freq, nh, nkv, hd,
-                                               (k_pool, v_pool), slot_mapping), i, show=3)
-            q = yield from _stage(name("q"), f"({FUSED} {name('input_norm')})", lambda: q, i)
-            k = yield from _stage(name("k"), f"({FUSED} {name('input_norm')})", lambda: k, i)
-            v = yield from _stage(name("v"), f"({FUSED} {name('input_norm')})", lambda: v, i)
+            rope_kv = RopeKVEpilogue(positions, self.inv_freq, nh, nkv, hd, (k_pool, v_pool), slot_mapping)
+            qkv = yield from _stage(name("input_norm"), "matmul.gemv_fused (input_norm fused in front of q|k|v in "
+                                    "one, RoPE and the K/V write behind)", lambda: gemv_fused(
+                                        h, w.qkv_proj, RMSNormPrologue(w.input_norm, eps), rope_kv), i, show="normed")
+            q = yield from _stage(name("q"), f"({FUSED} {name('input_norm')})", lambda: qkv.q, i)
+            k = yield from _stage(name("k"), f"({FUSED} {name('input_norm')})", lambda: qkv.k, i)
+            v = yield from _stage(name("v"), f"({FUSED} {name('input_norm')})", lambda: qkv.v, i)
             a = yield from _stage(name("attn"), attention_kernel,
                                   lambda: attend(q, k_pool, v_pool).reshape(T, nh * hd), i)
-            _, h = yield from _stage(name("o_proj"), "matmul.gemv_residual (+ the residual add)",
-                                     lambda: gemv_residual(a, w.o_proj, h), i, show=0)
-            h = yield from _stage(name("attn_residual"), f"({FUSED} {name('o_proj')})", lambda: h, i)
-            gated, _ = yield from _stage(name("post_norm"), "matmul.gemv_rmsnorm (post_norm fused in front of "
-                                         "gate|up in one, silu(gate) * up behind)", lambda: gemv_rmsnorm(
-                                             h, w.post_norm, eps, w.gate_up_proj, swiglu=True), i, show=1)
-            _, h = yield from _stage(name("mlp"), f"matmul.gemv_residual (+ the residual add; silu(gate) * up from "
-                                     f"{name('post_norm')})", lambda: gemv_residual(gated, w.down_proj, h), i, show=0)
+            o = yield from _stage(name("o_proj"), "matmul.gemv_fused (+ the residual add)",
+                                  lambda: gemv_fused(a, w.o_proj, epilogue=ResidualEpilogue(h)), i, show="out")
+            h = yield from _stage(name("attn_residual"), f"({FUSED} {name('o_proj')})", lambda: o.residual_out, i)
+            gate_up = yield from _stage(name("post_norm"), "matmul.gemv_fused (post_norm fused in front of gate|up "
+                                        "in one, silu(gate) * up behind)", lambda: gemv_fused(
+                                            h, w.gate_up_proj, RMSNormPrologue(w.post_norm, eps), SwiGLUEpilogue()),
+                                        i, show="normed")
+            mlp = yield from _stage(name("mlp"), f"matmul.gemv_fused (+ the residual add; silu(gate) * up from "
+                                    f"{name('post_norm')})", lambda: gemv_fused(
+                                        gate_up.out, w.down_proj, epilogue=ResidualEpilogue(h)), i, show="out")
+            h = mlp.residual_out
             h = yield from _stage(name("output"), f"({FUSED} {name('mlp')})", lambda: h, i)
         x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
         logits_out = yield from self._logits_stage(batch, x, _stage, logits)
@@ -363,21 +369,21 @@ class ModelRunner:
         if SIMULATOR:
             def per_query(q, k_pool, v_pool):
                 return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
-            return per_query, "paged_attention.paged_attention_per_query"
+            return per_query, "attention.per_query.paged_attention_per_query"
         if batch.decode_only and query_seq.shape[0] * self.config.num_key_value_heads >= DECODE_GQA_MIN_BLOCKS:
             def decode_gqa(q, k_pool, v_pool):
                 return paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
-            return decode_gqa, "paged_attention.paged_attention_decode_gqa"
+            return decode_gqa, "attention.decode_gqa.paged_attention_decode_gqa"
         if batch.decode_only:
             def flash_decode(q, k_pool, v_pool):
                 return paged_attention_flash_decode(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
-            return flash_decode, "paged_attention.paged_attention_flash_decode"
+            return flash_decode, "attention.decode_gqa.paged_attention_flash_decode"
         tiles = batch.prefill_tiles
 
         def tiled(q, k_pool, v_pool):
             return paged_attention_prefill_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale,
                                                tiles=tiles)
-        return tiled, "paged_attention.paged_attention_prefill_gqa"
+        return tiled, "attention.prefill_gqa.paged_attention_prefill_gqa"
 
 
 def drain(stages: Iterator):
@@ -392,10 +398,12 @@ def drain(stages: Iterator):
 def _run_stage(name: str, kernel: str, launch: Callable[[], object], layer: int | None = None,
                synchronize: bool = True, show: int | None = None):
     """Run one stage's launches (and wait for them), yield the Stage, hand its output back to the caller.
-    A launch that returns several arrays (a fused kernel) shows its `show`-th as the stage's output."""
+    A launch that returns several arrays (a fused kernel) shows its `show`-th (a tuple's index, or a field of
+    epilogues.FusedOutputs) as the stage's output."""
     start = time.perf_counter()
     output = launch()
     if synchronize:
         cuda.synchronize()
-    yield Stage(name, kernel, output if show is None else output[show], layer, time.perf_counter() - start)
+    shown = output if show is None else getattr(output, show) if isinstance(show, str) else output[show]
+    yield Stage(name, kernel, shown, layer, time.perf_counter() - start)
     return output

@@ -2,9 +2,10 @@
 
 Real Llama weights cannot be downloaded here; for full-size correctness and speed checks the shape is
 what matters. Linear and embedding weights are N(0, 0.02) as in HF's initialisation, norm weights
-1 + N(0, 0.02) so the norms are exercised. Same seed, same bytes.
+1 + N(0, 0.02) so the norms are exercised. Same seed, same bytes. `--dtype f32` stores the same draws as
+F32, unrounded (an F32 checkpoint: tinyvllm then computes with float32 weights).
 
-    python -m tinyvllm.random_model OUT_DIR [--seed 0] [--tokenizer-from DIR] [--layers N]
+    python -m tinyvllm.random_model OUT_DIR [--seed 0] [--tokenizer-from DIR] [--layers N] [--dtype bf16|f32]
 """
 from __future__ import annotations
 
@@ -37,28 +38,32 @@ INIT_STD = 0.02
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def random_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """{name: ml_dtypes.bfloat16 array}; tensor i is drawn from its own stream so the order never matters."""
+def random_weights(config: ModelConfig, seed: int = 0, dtype: str = "bf16") -> dict[str, np.ndarray]:
+    """{name: ml_dtypes.bfloat16 array, or float32 with dtype "f32"}; tensor i is drawn from its own stream so
+    the order never matters."""
+    assert dtype in ("bf16", "f32"), dtype
     weights = {}
     for i, (name, shape) in enumerate(expected_tensor_shapes(config).items()):
         rng = np.random.default_rng([seed, i])
         values = rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
         if name.endswith("norm.weight"):
             values += np.float32(1.0)
-        weights[name] = values.astype(ml_dtypes.bfloat16)
+        weights[name] = values.astype(ml_dtypes.bfloat16) if dtype == "bf16" else values
     return weights
 
 
 def write_random_model(out_dir: str | Path, config_dict: dict | None = None, seed: int = 0,
-                       tokenizer_from: str | Path | None = None) -> Path:
+                       tokenizer_from: str | Path | None = None, dtype: str = "bf16") -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config_dict = dict(LLAMA_3_2_1B_CONFIG if config_dict is None else config_dict)
     config = ModelConfig.from_dict(config_dict)
-    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    if dtype == "f32":
+        config_dict["torch_dtype"] = "float32"
     (out_dir / "generation_config.json").write_text(
         json.dumps(LLAMA_3_2_1B_GENERATION_CONFIG, indent=2, sort_keys=True) + "\n")
-    save_file(random_weights(config, seed), str(out_dir / "model.safetensors"),
+    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    save_file(random_weights(config, seed, dtype), str(out_dir / "model.safetensors"),
               metadata={"format": "pt", "tinyvllm_random_seed": str(seed)})
     if tokenizer_from is not None:
         for name in TOKENIZER_FILES:
@@ -74,13 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, help="fewer layers than the 1B's 16 (quick checks)")
     parser.add_argument("--tokenizer-from", metavar="DIR", help="copy tokenizer files from this model dir")
+    parser.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="stored weight dtype")
     args = parser.parse_args(argv)
     config = dict(LLAMA_3_2_1B_CONFIG)
     if args.layers:
         config["num_hidden_layers"] = args.layers
-    out = write_random_model(args.out_dir, config, args.seed, args.tokenizer_from)
+    out = write_random_model(args.out_dir, config, args.seed, args.tokenizer_from, args.dtype)
     size = (out / "model.safetensors").stat().st_size
-    print(f"wrote {out} ({size / 1e9:.2f} GB of BF16 weights, seed {args.seed})", file=sys.stderr)
+    print(f"wrote {out} ({size / 1e9:.2f} GB of {args.dtype.upper()} weights, seed {args.seed})", file=sys.stderr)
     return 0
 
 

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from .config import GenerationDefaults
 
 SEED_LIMIT = 2**63  # seeds are uint64 on the device; keeping them below 2^63 lets int64 hold them too
+MAX_LOGPROBS = 20  # top alternatives reported per position (vLLM's default limit)
+MAX_LOGPROB_TOKEN_IDS = 1024
 
 
 class InvalidSamplingParams(TinyVLLMError, ValueError):
@@ -34,6 +36,12 @@ class SamplingParams:
     stop: tuple[str, ...] = ()        # strings that end generation; not included in the returned text
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Log-probabilities under the model's raw distribution (log_softmax of the logits, before temperature,
+    # top-k / top-p and min_tokens), as vLLM reports them. None: off; n: the token's own plus the n likeliest.
+    logprobs: int | None = None       # for each generated token
+    prompt_logprobs: int | None = None  # for each prompt token after the first (no prefix-cache reuse)
+    logprob_token_ids: tuple[int, ...] = ()  # also these ids' logprobs at each generated position (scoring
+    #                                          multiple choice: the answer letters); implies logprobs
 
     def __post_init__(self):
         _check(_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0,
@@ -51,6 +59,14 @@ class SamplingParams:
                "stop", "a non-empty string or a sequence of non-empty strings", self.stop)
         _check(_is_sequence(self.stop_token_ids) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
                "stop_token_ids", "a sequence of integers >= 0", self.stop_token_ids)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or (_is_int(value) and 0 <= value <= MAX_LOGPROBS),
+                   name, f"None or an integer in [0, {MAX_LOGPROBS}]", value)
+        _check(_is_sequence(self.logprob_token_ids) and len(self.logprob_token_ids) <= MAX_LOGPROB_TOKEN_IDS
+               and all(_is_int(t) and t >= 0 for t in self.logprob_token_ids),
+               "logprob_token_ids", f"a sequence of at most {MAX_LOGPROB_TOKEN_IDS} integers >= 0",
+               self.logprob_token_ids)
         for name, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("max_tokens", int),
                            ("min_tokens", int)):
             object.__setattr__(self, name, kind(getattr(self, name)))  # numpy scalars -> plain Python
@@ -58,6 +74,16 @@ class SamplingParams:
             object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "logprob_token_ids", tuple(int(t) for t in self.logprob_token_ids))
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
+        if self.logprob_token_ids and self.logprobs is None:
+            object.__setattr__(self, "logprobs", 0)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None or self.prompt_logprobs is not None
 
     @property
     def greedy(self) -> bool:

@@ -130,7 +130,8 @@ class Scheduler:
         may_admit = not preempted and (not static or self._static_batch_open)
         while may_admit and self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            self.block_manager.lookup_prefix(seq)
+            if not seq.skip_prefix_cache:
+                self.block_manager.lookup_prefix(seq)
             num_new = self._admission_tokens(seq, budget, batch_empty=not scheduled)
             if num_new == 0 or not self.block_manager.allocate(seq, num_new):
                 self._undo_lookup(seq)

@@ -27,6 +27,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0         # leading blocks of block_table registered for prefix caching
     num_preemptions: int = 0
+    skip_prefix_cache: bool = False    # compute every token itself (its prompt logprobs need their logits)
     data: object = None                # whatever the engine attaches (sampling params, timings)
 
     def __post_init__(self):

@@ -1,6 +1,7 @@
 """What each forward-pass stage must move and compute: the yardstick for GB/s and TFLOP/s per kernel.
 
-Counts are the minimum a correct kernel needs: every bf16 weight read once (2 bytes), float32 activations
+Counts are the minimum a correct kernel needs: every weight read once (2 bytes of bf16, or 4 of an F32
+checkpoint's float32: `weight_bytes`), float32 activations
 read and written once (4 bytes), each sequence's cached K/V read once per KV head (GQA heads share it),
 and 2 FLOPs per multiply-add. A kernel that re-reads data moves more than this, so the GB/s derived from
 these counts is what the stage achieved *usefully*.
@@ -23,7 +24,8 @@ class StageCost:
     flops: int
 
 
-def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fused: bool = False) -> dict[str, StageCost]:
+def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fused: bool = False,
+                weight_bytes: int = BF16) -> dict[str, StageCost]:
     """Cost of each stage kind of one forward over `batch` (per layer for layer stages), by the stage
     name's last part: embedding, input_norm, q, k, v, attn, o_proj, attn_residual, post_norm, mlp, output,
     final_norm, logits. Fused launches are counted where they run (model_runner's docstring): q is the
@@ -38,10 +40,10 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
 
     def linear(rows: int, n_in: int, n_out: int) -> StageCost:
-        return StageCost(n_out * n_in * BF16 + rows * (n_in + n_out) * F32, 2 * rows * n_in * n_out)
+        return StageCost(n_out * n_in * weight_bytes + rows * (n_in + n_out) * F32, 2 * rows * n_in * n_out)
 
     def norm(rows: int) -> StageCost:
-        return StageCost(H * BF16 + 2 * rows * H * F32, 4 * rows * H)
+        return StageCost(H * weight_bytes + 2 * rows * H * F32, 4 * rows * H)
 
     # attention: each sequence's context K and V (its longest query's keys), the queries, the outputs;
     # every query scores and weighs the keys up to its own position, for every query head
@@ -56,9 +58,9 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     mlp = linear(T, H, 2 * I)
     down = linear(T, I, H)
     none = StageCost(0, 0)
-    add_norm = StageCost(H * BF16 + 4 * T * H * F32, 5 * T * H)  # residual add fused with the next RMSNorm
+    add_norm = StageCost(H * weight_bytes + 4 * T * H * F32, 5 * T * H)  # residual add fused with the next RMSNorm
     costs = {
-        "embedding": StageCost(T * H * (BF16 + F32), 0),
+        "embedding": StageCost(T * H * (weight_bytes + F32), 0),
         "input_norm": norm(T), "q": _plus(qkv, kv_write), "k": none, "v": none,
         "attn": attention, "o_proj": linear(T, q_width, H), "attn_residual": add_norm, "post_norm": none,
         "mlp": StageCost(mlp.bytes + down.bytes + 3 * T * I * F32, mlp.flops + down.flops + 4 * T * I),

@@ -16,7 +16,7 @@ def add_session_arguments(p) -> None:
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt (repeatable; default: the first golden prompt)")
     p.add_argument("--requests", metavar="FILE", help="more prompts, one per line")
-    p.add_argument("--goldens", metavar="FILE", help="golden .npz (default: goldens/demo.npz)")
+    p.add_argument("--goldens", metavar="FILE", help="golden .npz (default: the demo model's, tinyvllm/goldens/demo.npz)")
     p.add_argument("--no-goldens", action="store_true", help="compare with no golden file")
     p.add_argument("--max-tokens", type=int, default=8, metavar="N", help="new tokens per request (greedy)")
 
@@ -58,9 +58,8 @@ def list_stages(num_layers: int) -> str:
 def run(args, make_engine) -> int:
     from debugger.session import Breakpoint, StageRecord, as_rows, stage_names
     if args.list:
-        from .config import ModelConfig
-        from .model import default_model_dir
-        print(list_stages(ModelConfig.from_model_dir(args.model or default_model_dir()).num_hidden_layers))
+        from .model import read_model_config
+        print(list_stages(read_model_config(args.model).num_hidden_layers))
         return 0
     if not args.stage:
         raise TinyVLLMError("say which stage: --stage NAME (--list shows them)")

@@ -1,12 +1,15 @@
-"""Checkpoint loading: a Hugging Face Llama safetensors checkpoint -> {tensor name: bf16 bit patterns (uint16)}.
+"""Checkpoint loading: a Hugging Face Llama safetensors checkpoint -> {tensor name: weights as the kernels read them}.
 
 The safetensors format, parsed here directly: an 8-byte little-endian header length N; N bytes of JSON
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}; then the data region,
-offsets relative to its start, little-endian, row-major. The data region is np.memmap'ed, so BF16 tensors
-load without a copy (the arrays are read-only views of the file). F16 and F32 tensors are rounded to bf16
-(round-to-nearest-even, via ml_dtypes); that is reported once per load: appended to `notices` when the
-caller passes a list, otherwise issued with warnings.warn. Tensors the model does not use (a tied
-checkpoint's lm_head.weight, rotary_emb.inv_freq, ...) are ignored.
+offsets relative to its start, little-endian, row-major. The data region is np.memmap'ed, so tensors load
+without a copy where they can (read-only views of the file).
+
+The model computes with exactly the values the checkpoint holds: an all-BF16 checkpoint loads as bf16 bit
+patterns (uint16), one with F32 or F16 tensors as float32 (F16 and any BF16 tensors widened, which is exact),
+so every tensor of a model has one dtype (kernels_numba.weight_dtype). A float32 load is reported once:
+appended to `notices` when the caller passes a list, otherwise issued with warnings.warn. Tensors the model
+does not use (a tied checkpoint's lm_head.weight, rotary_emb.inv_freq, ...) are ignored.
 """
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from .config import ModelConfig, read_json_object
@@ -141,7 +143,8 @@ def _tensor_files(model_dir: Path, shapes: dict[str, tuple[int, ...]]) -> dict[s
 def load_weights(model_dir: str | Path, config: ModelConfig,
                  progress: Callable[[int, int], None] | None = None,
                  notices: list[str] | None = None) -> dict[str, np.ndarray]:
-    """{name: uint16 bf16 bit patterns} for every tensor in expected_tensor_shapes(config).
+    """{name: uint16 bf16 bit patterns, or float32 when the checkpoint holds any F32 or F16 tensor} for every
+    tensor in expected_tensor_shapes(config).
 
     progress(done, total) is called after each tensor. Any problem raises a ModelLoadError naming the
     file, the tensor and what was expected.
@@ -153,23 +156,31 @@ def load_weights(model_dir: str | Path, config: ModelConfig,
     files = _tensor_files(model_dir, shapes)
     opened: dict[Path, SafetensorsFile] = {}
     weights: dict[str, np.ndarray] = {}
-    rounded: Counter[str] = Counter()
+    stored: Counter[str] = Counter()
     for done, (name, shape) in enumerate(shapes.items(), start=1):
         path = files[name]
         if path not in opened:
             opened[path] = SafetensorsFile(path)
         array, dtype_name = opened[path].read(name, shape)
-        if dtype_name != "BF16":
-            array = array.astype(ml_dtypes.bfloat16).view(np.uint16)
-            rounded[dtype_name] += 1
         weights[name] = array
+        stored[dtype_name] += 1
         if progress is not None:
             progress(done, len(shapes))
-    if rounded:
-        counts = ", ".join(f"{n} {dtype}" for dtype, n in sorted(rounded.items()))
-        _notify(f"{model_dir}: rounded {counts} tensors to bf16 (round-to-nearest-even); "
-                f"tinyvllm computes with bf16 weights", notices)
+    if set(stored) != {"BF16"}:
+        weights = {name: _as_float32(array) for name, array in weights.items()}
+        counts = ", ".join(f"{n} {dtype}" for dtype, n in sorted(stored.items()))
+        widened = " and ".join(sorted(set(stored) - {"F32"}))
+        widened = f" ({widened} widened exactly)" if widened else ""
+        _notify(f"{model_dir}: {counts} tensors: computing with float32 weights{widened}", notices)
     return weights
+
+
+def _as_float32(array: np.ndarray) -> np.ndarray:
+    """A stored tensor's values as float32: bf16 bits (uint16) become the top half of a float32, F16 widens;
+    both exact. F32 stays as it is (the memory-mapped view)."""
+    if array.dtype == np.uint16:
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32, copy=False)
 
 
 def _notify(message: str, notices: list[str] | None) -> None:

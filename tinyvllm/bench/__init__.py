@@ -25,6 +25,13 @@ the same GPU and weights; serving is not run: `generate` has no request-arrival 
 min_new_tokens = max_new_tokens, throughput in static batches of --hf-batch-size with left padding, counting
 only the tokens each request asked for. The table then shows tinyvllm/HF ratios. torch and transformers are
 imported only then. Without a CUDA GPU it stops with a message, unless --hf-device cpu (a slow dry run).
+
+--base-url URL sends the serving workload (Poisson arrivals at --request-rate) and / or the throughput workload
+(all at once) to a running OpenAI-compatible server (tinyvllm serve, vLLM) as streamed /v1/completions, at most
+--max-concurrency in flight, after a warm-up burst, and reports what `vllm bench serve` reports: successful and
+failed requests, duration, request / output / total token throughput, peak concurrency, and mean / median / p99
+of TTFT, TPOT, ITL and E2E latency (http_client.py, http_runs.py). --check-greedy then runs offline
+LLM.generate on the same prompts (--model: the server's model) and compares every served output with it.
 """
 from .command import main, run, run_bench
 from .config import BATCHING_MODES, WORKLOADS, BenchConfig, add_arguments, config_from_args

@@ -17,6 +17,9 @@ from .random_1b import prepare_random_model
 
 def run(args) -> int:
     """The `tinyvllm bench` subcommand: exit status 0, or 1 when a request ended with an error."""
+    if getattr(args, "replay", None):  # tinyvllm serve --record's session (serving/replay.py)
+        from ..serving.replay import run_bench_replay
+        return run_bench_replay(args)
     if args.merge:
         return merge_reports([Path(p) for p in args.merge], Path(args.out), args.plot)
     return run_bench(config_from_args(args))
@@ -26,6 +29,9 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
     t0 = time.perf_counter()
     log = log or (lambda message: print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr,
                                         flush=True))
+    if cfg.base_url:
+        from .http_runs import run_http_bench
+        return run_http_bench(cfg, log)
     if cfg.compare == "hf":
         check_hf_available(cfg.hf_device)
     from kernels_numba.common import SIMULATOR
@@ -64,7 +70,7 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
                 log(f"HF {name}")
                 rows += HF_WORKLOADS[name](hf, workloads, cfg, log)
         del hf
-    wbytes = weight_bytes(c)
+    wbytes = weight_bytes(c, model.weights.embed_tokens.dtype.itemsize)  # bf16 bits or float32
     add_roofline(rows, wbytes, copy)
     report = {
         "format": "tinyvllm-bench/1",

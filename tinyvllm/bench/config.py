@@ -10,6 +10,8 @@ from ..errors import TinyVLLMError
 
 WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
 BATCHING_MODES = ("continuous", "static")
+HTTP_WORKLOADS = ("serving", "throughput")   # what --base-url sends to a server
+PROMPT_FORMATS = ("ids", "text")
 PROMPT_ID_LIMIT = 10_000      # nano-vllm draws prompt ids from [0, 10000]
 PROGRESS_EVERY_S = 10.0
 SIMULATOR_COPY_BYTES = 1 << 20
@@ -51,6 +53,11 @@ class BenchConfig:
     gpu_memory_fraction: float = 0.5
     max_model_len: int | None = None      # None: what the workloads need, capped by the model
     enable_prefix_caching: bool = True
+    # a running server instead of an in-process engine (http_runs.py)
+    base_url: str | None = None           # e.g. http://127.0.0.1:8000
+    max_concurrency: int | None = None    # requests in flight at most (None: no limit)
+    prompt_as: str = "ids"                # send prompts as token ids or as their decoded text
+    check_greedy: bool = False            # compare served outputs with offline LLM.generate
 
     def __post_init__(self):
         def check(ok, message):
@@ -72,6 +79,21 @@ class BenchConfig:
         check(1 <= self.output_range[0] <= self.output_range[1], f"output length range {self.output_range} is empty")
         check(self.max_seconds > 0, f"--max-seconds must be > 0, got {self.max_seconds}")
         check(self.request_rate > 0, f"--request-rate must be > 0 (inf: all at once), got {self.request_rate}")
+        check(self.max_concurrency is None or self.max_concurrency >= 1,
+              f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        check(self.prompt_as in PROMPT_FORMATS, f"--prompt-as takes ids or text, got {self.prompt_as!r}")
+        if self.base_url is None:
+            check(self.max_concurrency is None and not self.check_greedy and self.prompt_as == "ids",
+                  "--max-concurrency, --prompt-as and --check-greedy go with --base-url")
+            return
+        check(self.base_url.startswith(("http://", "https://")),
+              f"--base-url must start with http:// or https://, got {self.base_url!r}")
+        others = sorted(set(self.workloads) - set(HTTP_WORKLOADS))
+        check(not others, f"--base-url sends the serving and throughput workloads to a server, not {others}: "
+                          "add --workload serving (or throughput, or both)")
+        check(self.compare is None, "--compare hf does not go with --base-url")
+        check(not (self.check_greedy and self.prompt_as == "text"),
+              "--check-greedy needs --prompt-as ids (a decoded prompt may not encode back to the same ids)")
 
     @property
     def output_range(self) -> tuple[int, int]:
@@ -152,6 +174,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-model-len", type=int, metavar="N", help="default: what the workloads need")
     e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse KV blocks of shared prefixes")
+    h = p.add_argument_group("a running server (--base-url): the serving / throughput workloads over HTTP")
+    h.add_argument("--base-url", metavar="URL",
+                   help="an OpenAI-compatible server (tinyvllm serve, vLLM): send the workloads there as streamed "
+                        "/v1/completions; --model names the server's model dir (vocabulary, --check-greedy)")
+    h.add_argument("--max-concurrency", type=int, metavar="N", help="requests in flight at most (default: no limit)")
+    h.add_argument("--prompt-as", choices=PROMPT_FORMATS, default=d.prompt_as,
+                   help="send prompts as token ids or as decoded text (default: %(default)s)")
+    h.add_argument("--check-greedy", action="store_true",
+                   help="then run offline LLM.generate on the same prompts: served outputs must be identical")
 
 
 _FLAGS = {"workloads": "--workload", "enable_prefix_caching": "--no-prefix-caching", "plot": "--no-plot",
@@ -166,7 +197,7 @@ def command_line(cfg: BenchConfig) -> str:
         if value == getattr(default, f.name):
             continue
         flag = _FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
-        if isinstance(value, bool):        # every boolean defaults to True; its flag turns it off
+        if isinstance(value, bool):        # its flag turns a default True off (--check-greedy: on)
             parts.append(flag)
         else:
             parts += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]

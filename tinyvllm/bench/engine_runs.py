@@ -117,19 +117,20 @@ def warm_up(engines: EngineFactory, log) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, seed=0)
     engine.generate([list(range(1, 11)), [3, 1, 4]], params)   # a multi-token prefill, then decodes
     engine.generate([[5, 9, 2]], params)                         # batch-1 prefill logits and decodes
-    compile_decode_gemvs()
+    compile_decode_gemvs(engine.model.weights.embed_tokens.dtype)
     synced_clock()
     log(f"warm-up (kernel compilation) {time.perf_counter() - start:.1f} s")
 
 
-def compile_decode_gemvs() -> None:
+def compile_decode_gemvs(weight_dtype=np.uint16) -> None:
     """gemv_coalesced is compiled once per token count (its accumulators are registers): compile every
-    count a decode batch can have, so no timed step pays for it. Types, not shapes, pick the compilation."""
+    count a decode batch can have, for the model's weight dtype, so no timed step pays for it. Types, not
+    shapes, pick the compilation."""
     from kernels_numba.common import SIMULATOR, cuda
     from kernels_numba.matmul import MAX_GEMV_TOKENS, gemv_coalesced
     if SIMULATOR:
         return
-    w = cuda.to_device(np.zeros((4, 64), np.uint16))
+    w = cuda.to_device(np.zeros((4, 64), weight_dtype))
     for tokens in range(1, MAX_GEMV_TOKENS + 1):
         gemv_coalesced(cuda.to_device(np.ones((tokens, 64), np.float32)), w)
 
@@ -245,7 +246,8 @@ def bench_kernels(engines, w: Workloads, cfg, log) -> list[dict]:
             kernels[kind], counts[kind] = stage.kernel, counts.get(kind, 0) + 1
         batch = engine.last_batch
         costs = stage_costs(engine.model.config, batch, len(batch.logits_rows),
-                            fused=engine.runner.fuses_norms(batch.num_tokens))
+                            fused=engine.runner.fuses_norms(batch.num_tokens),
+                            weight_bytes=engine.model.weights.embed_tokens.dtype.itemsize)
         for kind, elapsed in seconds.items():
             cost, n = costs[kind], counts[kind]
             rows.append({"workload": "kernels", "system": "tinyvllm", "variant": f"{phase} {kind}",

@@ -16,10 +16,11 @@ from .config import BenchConfig, WORKLOADS
 from .engine_runs import synced_clock
 
 
-def weight_bytes(config) -> int:
-    """Bytes of bf16 weights one decode step reads: every tensor once (a tied lm_head is the embedding)."""
+def weight_bytes(config, bytes_per_weight: int = 2) -> int:
+    """Bytes of weights one decode step reads: every tensor once (a tied lm_head is the embedding); 2 bytes a
+    weight for bf16, 4 for an F32 checkpoint's float32."""
     from ..weights import expected_tensor_shapes
-    return sum(2 * math.prod(shape) for shape in expected_tensor_shapes(config).values())
+    return sum(bytes_per_weight * math.prod(shape) for shape in expected_tensor_shapes(config).values())
 
 
 def copy_bandwidth(nbytes: int, repeats: int = 5) -> dict:
@@ -92,17 +93,18 @@ def format_report(report: dict) -> str:
     hf_on = any(r["system"] == "hf" for r in rows)
     m, copy = report["model"], report.get("copy_bandwidth")
     lines = [f"tinyvllm bench: {m['dir']} ({m['layers']} layers, hidden {m['hidden_size']}, "
-             f"{m['weight_bytes'] / 1e9:.4g} GB of bf16 weights) on {report['environment']['device']}"]
+             f"{m['weight_bytes'] / 1e9:.4g} GB of weights) on {report['environment']['device']}"]
     if copy:
         lines.append(f"copy bandwidth {copy['gb_per_s']:.1f} GB/s -> batch-1 decode roofline "
                      f"{copy['gb_per_s'] * 1e9 / m['weight_bytes']:.1f} tok/s")
     header = f"{'workload':<11}{'variant':<22}{'metric':<24}{'tinyvllm':>12}"
     header += f"{'HF':>12}{'tinyvllm/HF':>13}" if hf_on else ""
-    lines += [header, "-" * len(header)]
+    if any(r["system"] != "http" for r in rows):
+        lines += [header, "-" * len(header)]
     cell = lambda v: f"{'-':>12}" if v is None else f"{v:>12.4g}" if isinstance(v, float) else f"{v:>12}"
-    hf_only = not any(r["system"] == "tinyvllm" for r in rows)  # an --hf-only run: its rows in the HF column
+    hf_only = hf_on and not any(r["system"] == "tinyvllm" for r in rows)  # --hf-only: its rows in the HF column
     for r in rows:
-        if r["system"] != "tinyvllm" and not hf_only:
+        if r["system"] == "http" or (r["system"] != "tinyvllm" and not hf_only):
             continue
         variant = r["variant"] + (" *" if r.get("stopped_early") else "")
         if hf_only:
@@ -115,8 +117,43 @@ def format_report(report: dict) -> str:
                 c = ratios.get((r["workload"], r["variant"], key))
                 line += cell(c and c["hf"]) + (f"{c['ratio']:>13.3g}" if c and c["ratio"] else f"{'-':>13}")
             lines.append(line)
+    for r in rows:
+        if r["system"] == "http":
+            lines += format_http_result(r)
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)
+
+
+def format_http_result(r: dict) -> list[str]:
+    """One --base-url run, laid out as `vllm bench serve` prints its result."""
+    def line(label, value, digits=2):
+        text = "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+        return f"{label + ':':<40}{text:<10}"
+    title = f" {r['workload']} over HTTP, {r['variant']} "
+    out = ["", f"{title:=^50}", line("Server", r["base_url"]), line("Successful requests", r["num_finished"]),
+           line("Failed requests", r["num_errored"])]
+    if r["num_not_sent_or_cut"]:
+        out.append(line("Not sent or cut at --max-seconds", r["num_not_sent_or_cut"]))
+    out += [line("Maximum request concurrency", r["max_concurrency"]),
+            line("Benchmark duration (s)", r["elapsed_s"]), line("Total input tokens", r["prompt_tokens"]),
+            line("Total generated tokens", r["output_tokens"]),
+            line("Request throughput (req/s)", r["request_throughput"]),
+            line("Output token throughput (tok/s)", r["output_tok_s"]),
+            line("Total Token throughput (tok/s)", r["total_token_throughput"]),
+            line("Peak concurrent requests", r["max_concurrent_requests"])]
+    from .http_runs import LATENCIES
+    for key, short, long in LATENCIES:
+        out.append(f"{long:-^50}")
+        out += [line(f"{name.capitalize()} {short} (ms)", r[f"{stat}_{key}_ms"])
+                for name, stat in (("mean", "mean"), ("median", "median"), ("P99", "p99"))]
+    if "greedy_check" in r:
+        g = r["greedy_check"]
+        out += [f"{'Greedy outputs vs offline':-^50}", line("Identical to LLM.generate", f"{g['identical']}/{g['compared']}")]
+    if r["token_count_mismatches"]:
+        out.append(line("Outputs not of max_tokens tokens", r["token_count_mismatches"]))
+    out += [f"error: {count} x {message}" for message, count in r["error_samples"].items()]
+    out.append("=" * 50)
+    return out
 
 
 def report_notes(rows: list[dict], cfg: BenchConfig) -> list[str]:

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
+from ..common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 128
 MAX_HEAD_DIM = 256  # size of the per-thread accumulator: cuda.local.array needs a compile-time size

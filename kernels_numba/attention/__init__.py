@@ -1,0 +1,33 @@
+"""Attention: causal grouped-query attention with an online softmax, one file per variant.
+
+    out[t, h] = sum_{j<=p} softmax_j(scale * q[t, h] . K[j, g]) V[j, g]     p = the query's position,
+                                                                           g = h // (n_heads // n_kv_heads)
+
+Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`):
+
+| file          | launcher                                   | runs                                                |
+|---------------|--------------------------------------------|-----------------------------------------------------|
+| contiguous    | attention, write_kv                        | nowhere: the readable version over a contiguous cache |
+| paged_kv      | write_kv_paged, paged_attention_ref        | the pool layout and the numpy twin of every paged launcher |
+| per_query     | paged_attention_per_query (+ _decode)      | every step in the simulator (a thread per query, head) |
+| split_keys    | paged_attention_split_keys                 | nowhere now (flash_decode replaced it); sweeps      |
+| decode_gqa    | paged_attention_decode_gqa                 | GPU decode steps from DECODE_GQA_MIN_BLOCKS (query, KV head) pairs |
+| decode_gqa    | paged_attention_flash_decode               | GPU decode steps below that (batch 1 to 7 on Llama-3.2-1B) |
+| prefill       | paged_attention_prefill, build_prefill_tiles | nowhere: the readable tiled prefill; its query tiles serve prefill_gqa |
+| prefill_gqa   | paged_attention_prefill_gqa                | GPU steps with prefill chunks (FlashAttention-2 on CUDA cores) |
+| prefill_tc    | paged_attention_prefill_tc                 | nowhere yet: FlashAttention-2 on tensor cores (bf16 mma), simulator-tested |
+
+Every paged launcher has the same contract: q [T, n_heads, head_dim], query t of sequence query_seq[t] (a row
+of block_tables) at position query_pos[t] attends to that sequence's keys 0..query_pos[t] in the pools
+(paged_kv's docstring has the layout). Each module's docstring says what its blocks and threads own. A variant's
+launch constants (SPLIT_THREADS, GQA_DECODE_KEY_CHUNK, GQA_ROWS, ...) live in its own module and are read at
+launch: override them there (kernels_numba.attention.split_keys.SPLIT_THREADS), not on this package.
+"""
+from .contiguous import MAX_HEAD_DIM, attend_to_key, attention, attention_ref, write_kv, write_kv_ref
+from .paged_kv import write_kv_paged, write_kv_paged_ref, paged_attention_ref
+from .per_query import paged_attention_per_query, paged_attention_decode, paged_attention_decode_ref
+from .split_keys import paged_attention_split_keys, split_partitions, combine_partitions_kernel
+from .decode_gqa import DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa, paged_attention_flash_decode
+from .prefill import QTILE, PrefillTiles, build_prefill_tiles, paged_attention_prefill
+from .prefill_gqa import (GQA_SHARED_BYTES, build_prefill_gqa_tiles, gqa_shape, paged_attention_prefill_gqa)
+from .prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc

@@ -1,0 +1,316 @@
+"""Paged decode attention, one block per (query, KV head) for its whole group of query heads: the GPU's
+decode kernels (decode_gqa for large batches, flash_decode, the same kernel over key partitions, for small
+ones). The math and the pool layout: paged_kv.
+
+- `paged_attention_decode_gqa`: the same contract again, one block per (query, KV head) for the whole
+  group of query heads (4 on Llama-3.2-1B), GQA_DECODE_KEY_CHUNK keys at a time: the block copies the
+  chunk's K and V rows into shared memory once (coalesced: consecutive threads read consecutive floats of a
+  row), then a thread per (pair of heads, key) scores it, every thread takes each head's chunk max itself
+  (broadcast reads) and raises its running max m, the scores become weights, and a thread per (pair of heads,
+  dim) adds weights @ V and the weights' sum l, both rescaled by exp(m_old - m_new). The next chunk's K/V
+  loads are issued into registers before this chunk's compute (register prefetch), so memory and math
+  overlap. split_keys reads each K/V row once per query head (4x the traffic); this reads it once. The
+  decode kernel for large GPU batches (long contexts at batch 256).
+- `paged_attention_flash_decode`: decode_gqa split over key partitions (flash-decoding), for small GPU
+  batches, whose T x n_kv_heads blocks would leave most SMs idle (8 at batch 1). Grid (T, n_kv_heads,
+  partitions), partitions of FLASH_DECODE_PARTITION_KEYS covering the longest context the block tables address
+  (a CUDA graph's are padded to the model's); a block whose partition starts past its query's context exits at
+  once. The others run decode_gqa's chunk loop over their partition's keys and write its unnormalised state
+  per query head: m, l and acc[head_dim]. One launch: each block then fences its writes and counts itself in,
+  an atomic add on its (query, KV head)'s counter; the block that brings the count to the number of partitions
+  with keys merges them all, in partition order (the same result whichever block finishes last),
+      out = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p,  M = max_p m_p  (as a running merge),
+  and sets the counter back to 0 for the next launch (a graph replays it; device_zeros zeroes it once).
+"""
+import functools
+import math
+
+import numpy as np
+
+from ..common import (SIMULATOR, SHARED_ALIGN, SHARED_ROW_PAD, cuda, jit, cdiv, launch_stream, device_empty,
+                      device_zeros)
+from .paged_kv import _ix, _check_pool, _check_queries, _output, _pool_rows
+
+GQA_DECODE_THREADS = 4 if SIMULATOR else 128
+# The runner's switch from split_keys (T x n_heads blocks; now flash_decode) to decode_gqa (T x n_kv_heads blocks):
+# from 64 (query, KV head) pairs, a decode batch of 8 on Llama-3.2-1B. Graph-timed on the H200
+# (docs/bench/h200-round4-final-sweep_decode_attention.log, 512-key contexts): batch 8 split_keys 74.7 us,
+# decode_gqa 42.6; batch 32 183.1 vs 59.5; at batch 1 (256 keys) split_keys' partitions win, 14.3 vs 22.4.
+DECODE_GQA_MIN_BLOCKS = 64
+# Keys whose K and V rows sit in shared memory (and, prefetched, in registers) at once. On the H200 (same
+# log) 16 keys x 128 threads read the KV of batch 256 x 1024 keys at 1.70 TB/s, 32 keys 1.13, 64 keys 1.35
+# (ptxas: 98, 134, 156 registers: 5, 3, 3 blocks per SM), 256 threads slower still; but while the grid is
+# under GQA_FEW_BLOCKS blocks (2 per SM) fewer, longer chunks win: batch 8 x 512 keys 42.6 us with 64-key
+# chunks vs 55.1 with 16, batch 32 59.5 vs 63.9; batch 64 (512 blocks) 112.9 vs 84.9.
+GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 16
+GQA_DECODE_KEY_CHUNK_FEW_BLOCKS = 8 if SIMULATOR else 64
+GQA_FEW_BLOCKS = 2 * 132
+# flash_decode (decode_gqa split over key partitions), for decode batches under DECODE_GQA_MIN_BLOCKS
+# (query, KV head) pairs. 64-key partitions: a 400-key context gets 7 per (query, KV head), 56 blocks at batch 1
+# instead of decode_gqa's 8; one 64-key chunk each, so a block issues all its K/V loads at once (decode_gqa's
+# fastest chunk while its grid is small, above). 256 threads: batch 1, 128 / 384 keys, 11.0 -> 9.9 / 12.5 -> 11.4
+# us against 128 (graph-timed sweep, docs/bench/h200-round5-sweep_decode_attention.log; ptxas: 126 registers).
+# The simulator: 16-key partitions of two 8-key chunks, so its 33-key tests cross 3 partitions and chunks.
+FLASH_DECODE_THREADS = 4 if SIMULATOR else 256
+FLASH_DECODE_PARTITION_KEYS = 16 if SIMULATOR else 64
+FLASH_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64
+
+
+@functools.cache
+def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int,
+                                      partition_keys: int = 0):
+    """The GQA decode kernel for one shape: a block per (query, KV head) serves the group's query heads
+    from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops).
+    partition_keys > 0 makes it flash_decode's kernel (see paged_attention_flash_decode): block z takes keys
+    [z * partition_keys, (z + 1) * partition_keys) of its query's context only, and the (query, KV head)'s
+    last block to finish merges the partitions' states into `out`; otherwise the part_* and `arrivals`
+    arguments are unused.
+
+    Per chunk, four barriers: (1) the chunk's K/V rows, already in registers, into shared memory, then the
+    next chunk's loads issued (they land during 2-4); (2) a thread per (head set, key) scores heads_per_item
+    heads from one read of the key's K row (masked keys score -inf); (3) every thread
+    takes each head's chunk max itself (broadcast reads, no reduction tree) and turns its scores into
+    weights exp(score - m); (4) a thread per (head set, dim) adds weights @ V and the weights' sum, both
+    rescaled by exp(m_old - m_new). Every shared read in (2)-(4) is a broadcast or a conflict-free row, four
+    floats at a time where the layout allows (16-byte aligned tiles)."""
+    heads_per_item = 2 if group % 2 == 0 else 1  # heads one thread scores / accumulates from one K or V read
+    head_sets = group // heads_per_item
+    load_steps = cdiv(key_chunk * head_dim, threads)       # tile elements each thread copies
+    score_steps = cdiv(head_sets * key_chunk, threads)     # (head set, key) items per thread
+    out_steps = cdiv(head_sets * head_dim, threads)        # (head set, dim) items per thread
+    k_row_stride = head_dim + SHARED_ROW_PAD               # keeps rows 16-byte aligned; thread j reading K row j
+    #                                                        four floats at a time hits banks 4j..4j+3 (mod 32)
+    assert head_dim % 4 == 0 and key_chunk % 4 == 0
+    partitioned = partition_keys > 0
+
+    @jit(device=True)
+    def load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start, last, tid, k_loaded, v_loaded):
+        """Issue this thread's loads of the chunk's K/V rows into registers. Element i is tile element
+        e = tid + i * threads: key e // head_dim, dim e % head_dim (consecutive threads read consecutive floats
+        of a row: coalesced). Keys past the context load the last key again (branch-free; weights 0)."""
+        for i in range(load_steps):
+            e = _ix(tid) + _ix(i * threads)
+            key = min(_ix(chunk_start) + min(e // _ix(head_dim), _ix(key_chunk - 1)), _ix(last))
+            row = _ix(block_tables[b, key // _ix(block_size)]) * _ix(block_size) + key % _ix(block_size)
+            k_loaded[i] = k_rows[row, _ix(column) + e % _ix(head_dim)]
+            v_loaded[i] = v_rows[row, _ix(column) + e % _ix(head_dim)]
+
+    @jit
+    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out, part_max, part_sum, part_acc,
+               arrivals):
+        t = cuda.blockIdx.x
+        kv_head = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        first_head = kv_head * group
+        column = kv_head * head_dim  # this KV head's first column of a pool row
+        b = query_seq[t]
+        context_len = query_pos[t] + 1  # causal: keys 0..position
+        keys_begin = 0
+        keys_end = context_len
+        if partitioned:
+            keys_begin = cuda.blockIdx.z * partition_keys
+            if keys_begin >= context_len:
+                return  # the grid covers the longest context the block tables address; this one is shorter
+            keys_end = min(context_len, keys_begin + partition_keys)
+        # one shared array per line: the simulator aliases two declared on the same line
+        q_scaled = cuda.shared.array((group, head_dim), np.float32, alignment=SHARED_ALIGN)
+        k_tile = cuda.shared.array((key_chunk, k_row_stride), np.float32, alignment=SHARED_ALIGN)
+        v_tile = cuda.shared.array((key_chunk, head_dim), np.float32, alignment=SHARED_ALIGN)
+        scores = cuda.shared.array((group, key_chunk), np.float32, alignment=SHARED_ALIGN)
+        weights = cuda.shared.array((group, key_chunk), np.float32, alignment=SHARED_ALIGN)
+        merging = cuda.shared.array(1, np.int32)  # flash_decode: whether this block merges the partitions
+        running_max = cuda.local.array(group, np.float32)   # m per head, the same in every thread
+        rescale = cuda.local.array(group, np.float32)       # exp(m_old - m_new) of this chunk
+        chunk_max = cuda.local.array(group, np.float32)
+        acc = cuda.local.array((out_steps, heads_per_item), np.float32)
+        sums = cuda.local.array((out_steps, heads_per_item), np.float32)  # l of the thread's (head, dim) items
+        merged_max = cuda.local.array((out_steps, heads_per_item), np.float32)  # flash_decode's merge
+        dot = cuda.local.array(heads_per_item, np.float32)
+        k_loaded = cuda.local.array(load_steps, np.float32)
+        v_loaded = cuda.local.array(load_steps, np.float32)
+        for e in range(tid, group * head_dim, threads):
+            q_scaled[e // head_dim, e % head_dim] = q[t, first_head + e // head_dim, e % head_dim] * scale
+        for g in range(group):
+            running_max[g] = np.float32(-math.inf)
+        for s in range(out_steps):
+            for i in range(heads_per_item):
+                acc[s, i] = np.float32(0.0)
+                sums[s, i] = np.float32(0.0)
+        chunks = (keys_end - keys_begin + key_chunk - 1) // key_chunk
+        last = keys_end - 1
+        # Register prefetch: chunk c + 1's K/V loads are issued before chunk c's compute and land while it runs.
+        load_chunk(k_rows, v_rows, block_tables, b, column, keys_begin, last, tid, k_loaded, v_loaded)
+        for chunk in range(chunks):
+            chunk_start = keys_begin + chunk * key_chunk
+            n_keys = min(key_chunk, keys_end - chunk_start)
+            # 1. this chunk's K and V rows (in registers) into shared memory, once for the whole group
+            for i in range(load_steps):
+                e = _ix(tid) + _ix(i * threads)
+                j = min(e // _ix(head_dim), _ix(key_chunk - 1))  # past the tile: the last row, own value
+                k_tile[j, e % _ix(head_dim)] = k_loaded[i]
+                v_tile[j, e % _ix(head_dim)] = v_loaded[i]
+            cuda.syncthreads()
+            if chunk + 1 < chunks:
+                load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start + key_chunk, last, tid,
+                           k_loaded, v_loaded)
+            # 2. scores: a thread per (head set, key), one pass over the key's K row for the set's heads
+            for s in range(score_steps):
+                item = tid + s * threads
+                head_set = item // key_chunk
+                j = item % key_chunk
+                if head_set < head_sets:
+                    for i in range(heads_per_item):
+                        dot[i] = np.float32(0.0)
+                    for d0 in range(0, head_dim, 4):
+                        for d in range(d0, d0 + 4):
+                            k_value = k_tile[j, d]
+                            for i in range(heads_per_item):
+                                dot[i] += q_scaled[head_set * heads_per_item + i, d] * k_value
+                    for i in range(heads_per_item):
+                        scores[head_set * heads_per_item + i, j] = dot[i] if j < n_keys else np.float32(-math.inf)
+            cuda.syncthreads()
+            # 3. every thread raises each head's running max by the chunk's max (n_keys >= 1: finite)...
+            for g in range(group):
+                chunk_max[g] = scores[g, 0]
+            for j in range(1, key_chunk):
+                for g in range(group):
+                    chunk_max[g] = max(chunk_max[g], scores[g, j])
+            for g in range(group):
+                new_max = max(running_max[g], chunk_max[g])
+                rescale[g] = np.float32(math.exp(running_max[g] - new_max))  # 0 on the first chunk
+                running_max[g] = new_max
+            # ... and turns its own scores into weights (exp(-inf) = 0 for masked keys)
+            for s in range(score_steps):
+                item = tid + s * threads
+                head_set = item // key_chunk
+                j = item % key_chunk
+                for g in range(group):  # compile-time g: running_max stays in registers
+                    if g // heads_per_item == head_set:
+                        weights[g, j] = np.float32(math.exp(scores[g, j] - running_max[g]))
+            cuda.syncthreads()
+            # 4. acc += weights @ V and l += sum(weights): a thread per (head set, dim), a warp reading
+            # consecutive dims of a V row
+            for s in range(out_steps):
+                item = tid + s * threads
+                head_set = item // head_dim
+                d = item % head_dim
+                if head_set < head_sets:
+                    for g in range(group):
+                        if g // heads_per_item == head_set:
+                            acc[s, g % heads_per_item] *= rescale[g]
+                            sums[s, g % heads_per_item] *= rescale[g]
+                    for j0 in range(0, key_chunk, 4):
+                        for j in range(j0, j0 + 4):
+                            v_value = v_tile[j, d]
+                            for i in range(heads_per_item):
+                                weight = weights[head_set * heads_per_item + i, j]
+                                acc[s, i] += weight * v_value
+                                sums[s, i] += weight
+            cuda.syncthreads()  # nobody overwrites the tiles, scores or weights while another thread reads them
+
+        if partitioned:
+            # This partition's unnormalised state: m and l per head, acc per (head, dim)...
+            partition = cuda.blockIdx.z
+            for s in range(out_steps):
+                item = tid + s * threads
+                head_set = item // head_dim
+                d = item % head_dim
+                if head_set < head_sets:
+                    for g in range(group):  # compile-time g: running_max stays in registers
+                        if g // heads_per_item == head_set:
+                            part_acc[t, first_head + g, partition, d] = acc[s, g % heads_per_item]
+                            if d == 0:
+                                part_max[t, first_head + g, partition] = running_max[g]
+                                part_sum[t, first_head + g, partition] = sums[s, g % heads_per_item]
+            # ... then the block checks in; the last of the (query, KV head)'s partitions with keys to arrive
+            # merges them all. Each thread's fence publishes its writes GPU-wide before thread 0 counts the block.
+            cuda.threadfence()
+            cuda.syncthreads()
+            partitions = (context_len + partition_keys - 1) // partition_keys
+            if tid == 0:
+                merging[0] = cuda.atomic.add(arrivals, (t, kv_head), 1) == partitions - 1
+                cuda.threadfence()  # the other blocks' writes, published before they checked in, are seen
+            cuda.syncthreads()
+            if not merging[0]:
+                return  # another block of this (query, KV head) arrives later and merges
+            if tid == 0:
+                arrivals[t, kv_head] = 0  # every partition has arrived: ready for the next launch (graph replays)
+            # acc and sums become the merged state of the thread's (head, dim) items; running max in merged_max.
+            # Partitions in order, so the result is the same whichever block merges.
+            for s in range(out_steps):
+                for i in range(heads_per_item):
+                    merged_max[s, i] = np.float32(-math.inf)
+                    acc[s, i] = np.float32(0.0)
+                    sums[s, i] = np.float32(0.0)
+            for p in range(partitions):
+                for s in range(out_steps):
+                    item = tid + s * threads
+                    head_set = item // head_dim
+                    if head_set < head_sets:
+                        for i in range(heads_per_item):
+                            h = first_head + head_set * heads_per_item + i
+                            m = part_max[t, h, p]
+                            new_max = max(merged_max[s, i], m)  # finite: every partition merged has keys
+                            old_weight = np.float32(math.exp(merged_max[s, i] - new_max))  # 0 for partition 0
+                            weight = np.float32(math.exp(m - new_max))
+                            sums[s, i] = sums[s, i] * old_weight + part_sum[t, h, p] * weight
+                            acc[s, i] = acc[s, i] * old_weight + part_acc[t, h, p, item % head_dim] * weight
+                            merged_max[s, i] = new_max
+        # out = acc / l for the thread's (head, dim) items (merged over the partitions by flash_decode's merger)
+        for s in range(out_steps):
+            item = tid + s * threads
+            head_set = item // head_dim
+            if head_set < head_sets:
+                for i in range(heads_per_item):
+                    out[t, first_head + head_set * heads_per_item + i, item % head_dim] = acc[s, i] / sums[s, i]
+
+    return kernel
+
+
+def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
+    """Same contract as paged_attention_per_query, one block of GQA_DECODE_THREADS threads per (query, KV
+    head) serving all its query heads: each K/V row is read from memory once per group instead of once per
+    query head. The decode kernel for GPUs once the batch has enough (query, KV head) pairs to fill them."""
+    num_queries, n_heads, _ = q.shape
+    _check_pool(q, k_pool, v_pool, block_tables)
+    _check_queries(num_queries, query_seq, query_pos)
+    out = _output(q, out)
+    if num_queries > 0:
+        _, block_size, n_kv_heads, head_dim = k_pool.shape
+        few_blocks = num_queries * n_kv_heads < GQA_FEW_BLOCKS
+        key_chunk = GQA_DECODE_KEY_CHUNK_FEW_BLOCKS if few_blocks else GQA_DECODE_KEY_CHUNK
+        kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
+                                                   GQA_DECODE_THREADS, key_chunk)
+        unused_acc = out.reshape((num_queries, n_heads, 1, head_dim))  # any arrays of the right ranks and types
+        kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
+            q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
+            np.float32(scale), out, out, out, unused_acc, block_tables)
+    return out
+
+
+def paged_attention_flash_decode(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
+    """Same contract as paged_attention_per_query: decode_gqa (a block per (query, KV head) serving its group
+    of query heads) split over key partitions of FLASH_DECODE_PARTITION_KEYS (flash-decoding), a block each,
+    grid (T, n_kv_heads, partitions of the longest context the block tables address). Each block writes its
+    partition's unnormalised (m, l, acc); the last of a (query, KV head)'s blocks to finish merges them, in
+    partition order, into out. One launch. The decode kernel for small GPU batches, whose T x n_kv_heads
+    blocks alone would leave most of the GPU idle."""
+    num_queries, n_heads, _ = q.shape
+    _check_pool(q, k_pool, v_pool, block_tables)
+    _check_queries(num_queries, query_seq, query_pos)
+    out = _output(q, out)
+    if num_queries > 0:
+        _, block_size, n_kv_heads, head_dim = k_pool.shape
+        max_context = block_tables.shape[1] * block_size  # what the block tables can address: static per graph
+        partitions = cdiv(max_context, FLASH_DECODE_PARTITION_KEYS)
+        part_max = device_empty((num_queries, n_heads, partitions), np.float32)
+        part_sum = device_empty((num_queries, n_heads, partitions), np.float32)
+        part_acc = device_empty((num_queries, n_heads, partitions, head_dim), np.float32)
+        arrivals = device_zeros((num_queries, n_kv_heads), np.int32)  # blocks done per (query, KV head)
+        kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
+                                                   FLASH_DECODE_THREADS, FLASH_DECODE_KEY_CHUNK,
+                                                   FLASH_DECODE_PARTITION_KEYS)
+        kernel[(num_queries, n_kv_heads, partitions), FLASH_DECODE_THREADS, launch_stream()](
+            q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
+            np.float32(scale), out, part_max, part_sum, part_acc, arrivals)
+    return out

@@ -1,0 +1,252 @@
+"""Paged prefill attention on tensor cores: FlashAttention-2 with bf16 mma.sync (fp32 accumulation), a block
+per (query tile, KV head) for all the group's query heads. The math and the pool layout: paged_kv; the query
+tiles: prefill. First version (issue 15, item 3): simulator-tested, not yet timed or on the engine's path.
+
+- `paged_attention_prefill_tc`: paged_attention_prefill's contract. A block's rows are (query, head) pairs,
+  row r = query r // group of the tile, head kv_head * group + r % group, 16 rows per warp (one mma row tile).
+  Q (scaled, rounded to bf16) goes to shared memory once and each warp keeps its A fragments for all of
+  head_dim in registers. Per key tile of keys_per_tile positions (never past the tile's last query): the
+  block converts the tile's K and V rows (float32 pool, through the block table) to bf16 in shared memory;
+  each warp computes S = Q K^T for its 16 rows (ldmatrix of K as B: K [key][dim] is B "col"), masks keys
+  past each row's position to -inf, and runs the online softmax on its registers: a lane holds two
+  rows (g and g + 8) and two columns of each 8-key tile, so a row's max is the lane's own max then two
+  shfl_xor over the quad (lanes 4g .. 4g + 3); m rises, l and the output accumulators are rescaled by
+  exp(m_old - m_new), and P = exp(S - m) becomes, packed to bf16, the A fragments of P @ V directly (an mma's
+  C layout over two 8-key tiles is the next mma's A layout over 16 keys). V's B fragments come from
+  ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and out = acc / l.
+
+Error against float64 attention on the same bf16-rounded q * scale, K and V: P enters the second mma rounded
+to bf16 (relative 2^-9) while l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus
+float32 sums; tests/test_prefill_tc.py checks 2^-7 of it.
+"""
+import functools
+import math
+
+import numpy as np
+
+from ..bf16 import f32_to_bf16
+from ..common import SHARED_ALIGN, cuda, jit, launch_stream
+from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_bf16_m16n8k16, pack_bf16x2, shfl_xor
+from .paged_kv import _check_pool, _output, _pool_rows
+from .prefill import PrefillTiles, build_prefill_tiles
+
+TC_WARPS = 4        # warps per block: 64 (query, head) rows
+TC_KEY_TILE = 64    # keys per shared K/V tile
+ROW_PAD = 8         # bf16 per shared row of padding (16 bytes: ldmatrix rows in distinct banks)
+
+
+TC_SHARED_BYTES = 48 * 1024  # static shared memory per block
+
+
+def tc_shared_bytes(head_dim: int, warps: int, keys_per_tile: int) -> int:
+    """bf16 Q (16 rows a warp), K and V tiles, rows padded."""
+    return 2 * (16 * warps + 2 * keys_per_tile) * (head_dim + ROW_PAD)
+
+
+def tc_key_tile(head_dim: int, warps: int, keys_per_tile: int) -> int:
+    """keys_per_tile, halved (down to 16) until the tiles fit TC_SHARED_BYTES (head_dim 128: 32 keys)."""
+    while tc_shared_bytes(head_dim, warps, keys_per_tile) > TC_SHARED_BYTES:
+        assert keys_per_tile > 16, f"head_dim {head_dim} with {warps} warps does not fit prefill_tc's shared memory"
+        keys_per_tile //= 2
+    return keys_per_tile
+
+
+def tc_queries_per_tile(group: int, warps: int | None = None) -> int:
+    """Queries per tile: warps x 16 rows over the group's heads (group must divide them)."""
+    warps = TC_WARPS if warps is None else warps
+    assert (16 * warps) % group == 0, f"a group of {group} heads does not divide {warps} warps x 16 rows"
+    return 16 * warps // group
+
+
+@functools.cache
+def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int, warps: int, keys_per_tile: int):
+    """The kernel for one shape (compile-time sizes: fixed shared shapes, unrolled fragment loops, fragments and
+    accumulators in registers)."""
+    assert head_dim % 16 == 0 and keys_per_tile % 16 == 0, (head_dim, keys_per_tile)
+    rows = 16 * warps
+    threads = 32 * warps
+    d_steps = head_dim // 16       # k steps of S = Q K^T; also pairs of 8-dim output tiles
+    key_steps = keys_per_tile // 16  # k steps of P @ V; also pairs of 8-key score tiles
+    key_tiles = 2 * key_steps      # 8-key score tiles (shapes of local arrays must be constants, not expressions)
+    dim_tiles = 2 * d_steps        # 8-dim output tiles
+    padded_dim = head_dim + ROW_PAD
+    minus_inf = np.float32(-math.inf)
+
+    @jit
+    def kernel(q, k_rows, v_rows, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out):
+        # one shared array per line: the simulator aliases two declared on the same line
+        q_tile = cuda.shared.array((1, rows, padded_dim), np.uint16, alignment=SHARED_ALIGN)
+        k_tile = cuda.shared.array((1, keys_per_tile, padded_dim), np.uint16, alignment=SHARED_ALIGN)
+        v_tile = cuda.shared.array((1, keys_per_tile, padded_dim), np.uint16, alignment=SHARED_ALIGN)
+        q_frag = cuda.local.array((d_steps, 4), np.uint32)
+        scores = cuda.local.array((key_tiles, 4), np.float32)  # this lane's part of S, then of P
+        acc = cuda.local.array((dim_tiles, 4), np.float32)       # this lane's part of the output rows
+        tile = cuda.blockIdx.x
+        kv_head = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        lane = tid % 32
+        warp = tid // 32
+        g = lane // 4
+        quad = lane % 4
+        seq = tile_seq[tile]
+        key_len = tile_key_len[tile]
+        column = kv_head * head_dim  # this KV head's first column of a pool row
+        for i in range(tid, rows * head_dim, threads):
+            r = i // head_dim
+            d = i % head_dim
+            t = tile_tokens[tile, r // group]
+            value = np.float32(0.0)
+            if t >= 0:
+                value = q[t, kv_head * group + r % group, d] * scale
+            q_tile[0, r, d] = f32_to_bf16(value)
+        cuda.syncthreads()
+        for s in range(d_steps):
+            q_frag[s, 0], q_frag[s, 1], q_frag[s, 2], q_frag[s, 3] = ldmatrix_x4(
+                q_tile, 0, 16 * warp + lane % 16, 16 * s + 8 * (lane // 16))
+        row_a = 16 * warp + g  # this lane's two rows
+        row_b = row_a + 8
+        pos_a = tile_positions[tile, row_a // group]  # -1: a padding row, it sees no key
+        pos_b = tile_positions[tile, row_b // group]
+        max_a = minus_inf
+        max_b = minus_inf
+        sum_a = np.float32(0.0)  # this lane's columns only; the quad's four add up at the end
+        sum_b = np.float32(0.0)
+        for j in range(dim_tiles):
+            for e in range(4):
+                acc[j, e] = np.float32(0.0)
+
+        for key_start in range(0, key_len, keys_per_tile):
+            # 1. the tile's K and V rows, float32 -> bf16, into shared memory (zeros past key_len)
+            for i in range(tid, keys_per_tile * head_dim, threads):
+                j = i // head_dim
+                d = i % head_dim
+                key = key_start + j
+                k_value = np.float32(0.0)
+                v_value = np.float32(0.0)
+                if key < key_len:
+                    slot = block_tables[seq, key // block_size] * block_size + key % block_size
+                    k_value = k_rows[slot, column + d]
+                    v_value = v_rows[slot, column + d]
+                k_tile[0, j, d] = f32_to_bf16(k_value)
+                v_tile[0, j, d] = f32_to_bf16(v_value)
+            cuda.syncthreads()
+            # 2. S = Q K^T for this warp's 16 rows: 8-key tiles n, k steps over head_dim
+            for n in range(key_tiles):
+                for e in range(4):
+                    scores[n, e] = np.float32(0.0)
+            for s in range(d_steps):
+                for p in range(key_steps):
+                    b0, b1, b2, b3 = ldmatrix_x4(k_tile, 0, 16 * p + lane % 8 + 8 * (lane // 16),
+                                                 16 * s + 8 * ((lane // 8) % 2))
+                    scores[2 * p, 0], scores[2 * p, 1], scores[2 * p, 2], scores[2 * p, 3] = mma_bf16_m16n8k16(
+                        q_frag[s, 0], q_frag[s, 1], q_frag[s, 2], q_frag[s, 3], b0, b1,
+                        scores[2 * p, 0], scores[2 * p, 1], scores[2 * p, 2], scores[2 * p, 3])
+                    scores[2 * p + 1, 0], scores[2 * p + 1, 1], scores[2 * p + 1, 2], scores[2 * p + 1, 3] = (
+                        mma_bf16_m16n8k16(q_frag[s, 0], q_frag[s, 1], q_frag[s, 2], q_frag[s, 3], b2, b3,
+                                          scores[2 * p + 1, 0], scores[2 * p + 1, 1], scores[2 * p + 1, 2],
+                                          scores[2 * p + 1, 3]))
+            # 3. causal mask, the rows' new max (the lane's columns, then its quad), P = exp(S - m)
+            tile_max_a = minus_inf
+            tile_max_b = minus_inf
+            for n in range(key_tiles):
+                key = key_start + 8 * n + 2 * quad
+                if key > pos_a:
+                    scores[n, 0] = minus_inf
+                if key + 1 > pos_a:
+                    scores[n, 1] = minus_inf
+                if key > pos_b:
+                    scores[n, 2] = minus_inf
+                if key + 1 > pos_b:
+                    scores[n, 3] = minus_inf
+                tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
+                tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
+            tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 1))
+            tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 2))
+            tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 1))
+            tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 2))
+            new_a = max(max_a, tile_max_a)
+            new_b = max(max_b, tile_max_b)
+            # no visible key yet (padding rows, or before key 0): nothing to rescale, weights 0
+            rescale_a = np.float32(1.0) if new_a == minus_inf else np.float32(math.exp(max_a - new_a))
+            rescale_b = np.float32(1.0) if new_b == minus_inf else np.float32(math.exp(max_b - new_b))
+            shift_a = np.float32(0.0) if new_a == minus_inf else new_a
+            shift_b = np.float32(0.0) if new_b == minus_inf else new_b
+            max_a = new_a
+            max_b = new_b
+            sum_a *= rescale_a
+            sum_b *= rescale_b
+            for n in range(key_tiles):
+                scores[n, 0] = np.float32(math.exp(scores[n, 0] - shift_a))  # masked: exp(-inf) = 0
+                scores[n, 1] = np.float32(math.exp(scores[n, 1] - shift_a))
+                scores[n, 2] = np.float32(math.exp(scores[n, 2] - shift_b))
+                scores[n, 3] = np.float32(math.exp(scores[n, 3] - shift_b))
+                sum_a += scores[n, 0] + scores[n, 1]
+                sum_b += scores[n, 2] + scores[n, 3]
+            for j in range(dim_tiles):
+                acc[j, 0] *= rescale_a
+                acc[j, 1] *= rescale_a
+                acc[j, 2] *= rescale_b
+                acc[j, 3] *= rescale_b
+            # 4. acc += P @ V: P's A fragments from two 8-key score tiles, V's B fragments by ldmatrix.trans
+            for p in range(key_steps):
+                a0 = pack_bf16x2(f32_to_bf16(scores[2 * p, 0]), f32_to_bf16(scores[2 * p, 1]))
+                a1 = pack_bf16x2(f32_to_bf16(scores[2 * p, 2]), f32_to_bf16(scores[2 * p, 3]))
+                a2 = pack_bf16x2(f32_to_bf16(scores[2 * p + 1, 0]), f32_to_bf16(scores[2 * p + 1, 1]))
+                a3 = pack_bf16x2(f32_to_bf16(scores[2 * p + 1, 2]), f32_to_bf16(scores[2 * p + 1, 3]))
+                for s in range(d_steps):
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(v_tile, 0, 16 * p + lane % 16, 16 * s + 8 * (lane // 16))
+                    acc[2 * s, 0], acc[2 * s, 1], acc[2 * s, 2], acc[2 * s, 3] = mma_bf16_m16n8k16(
+                        a0, a1, a2, a3, b0, b1, acc[2 * s, 0], acc[2 * s, 1], acc[2 * s, 2], acc[2 * s, 3])
+                    acc[2 * s + 1, 0], acc[2 * s + 1, 1], acc[2 * s + 1, 2], acc[2 * s + 1, 3] = mma_bf16_m16n8k16(
+                        a0, a1, a2, a3, b2, b3, acc[2 * s + 1, 0], acc[2 * s + 1, 1], acc[2 * s + 1, 2],
+                        acc[2 * s + 1, 3])
+            cuda.syncthreads()  # nobody reloads K and V while another warp still reads them
+
+        sum_a += shfl_xor(sum_a, 1)
+        sum_a += shfl_xor(sum_a, 2)
+        sum_b += shfl_xor(sum_b, 1)
+        sum_b += shfl_xor(sum_b, 2)
+        t_a = tile_tokens[tile, row_a // group]
+        t_b = tile_tokens[tile, row_b // group]
+        for j in range(dim_tiles):
+            d = 8 * j + 2 * quad
+            if t_a >= 0:  # > 0: key 0 is visible to every real row
+                out[t_a, kv_head * group + row_a % group, d] = acc[j, 0] / sum_a
+                out[t_a, kv_head * group + row_a % group, d + 1] = acc[j, 1] / sum_a
+            if t_b >= 0:
+                out[t_b, kv_head * group + row_b % group, d] = acc[j, 2] / sum_b
+                out[t_b, kv_head * group + row_b % group, d + 1] = acc[j, 3] / sum_b
+
+    return kernel
+
+
+def build_prefill_tc_tiles(query_seq, query_pos, group: int, warps: int | None = None) -> PrefillTiles:
+    """The query tiles paged_attention_prefill_tc wants (group = n_heads // n_kv_heads)."""
+    return build_prefill_tiles(query_seq, query_pos, tc_queries_per_tile(group, warps))
+
+
+def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None,
+                               tiles: PrefillTiles | None = None, warps: int | None = None,
+                               keys_per_tile: int | None = None):
+    """paged_attention_prefill's contract on tensor cores (bf16 q * scale, K, V and P into the mmas, float32
+    accumulation and softmax). head_dim a multiple of 16; the group must divide warps x 16 rows. Pass `tiles`
+    from build_prefill_tc_tiles (built once per step) to skip rebuilding them. Returns out."""
+    num_tokens, n_heads, head_dim = q.shape
+    _check_pool(q, k_pool, v_pool, block_tables)
+    assert query_seq.shape == (num_tokens,) and query_pos.shape == (num_tokens,), (query_seq.shape, query_pos.shape)
+    assert head_dim % 16 == 0, f"prefill_tc needs head_dim a multiple of 16, got {head_dim}"
+    _, block_size, n_kv_heads, _ = k_pool.shape
+    group = n_heads // n_kv_heads
+    warps = TC_WARPS if warps is None else warps
+    keys_per_tile = tc_key_tile(head_dim, warps, TC_KEY_TILE if keys_per_tile is None else keys_per_tile)
+    queries = tc_queries_per_tile(group, warps)
+    tiles = build_prefill_tiles(query_seq, query_pos, queries) if tiles is None else tiles
+    assert tiles.tokens.shape[1] == queries, (
+        f"tiles of {tiles.tokens.shape[1]} queries, prefill_tc wants {queries}: use build_prefill_tc_tiles")
+    out = _output(q, out)
+    if tiles.num_tiles > 0:
+        kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile)
+        kernel[(tiles.num_tiles, n_kv_heads), 32 * warps, launch_stream()](
+            q, *_pool_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
+            np.float32(scale), out)
+    return out

@@ -1,0 +1,257 @@
+"""Linear layers on tensor cores: y = x @ W.T with bf16 inputs, float32 accumulation, float32 out.
+
+    out[m, n] = sum_k bf16(x[m, k]) * bf16(w[n, k])        x [M, K], w_bits u16 [N, K], out f32 [M, N]
+
+Activations enter as a bf16 buffer (uint16 [M, K]): the mma takes bf16, and the path that will feed it
+(issue 15's bf16 forward) produces bf16 activations. `gemm_tc` also takes float32 x and rounds it to bf16
+(nearest even) in one launch first (`to_bf16_rows`, 6 bytes a value of extra traffic: ~1 % of a
+prefill-size GEMM's time); weights are read as stored.
+
+A block owns a block_m x block_n tile of out (tokens along y, features along x: neighbouring blocks
+share x's rows), `warps_m x warps_n` warps each a (block_m / warps_m) x (block_n / warps_n) part of it, made
+of 16 x 8 mma tiles whose float32 accumulators stay in registers (compile-time loops, fully unrolled). The
+block walks K a block_k slice at a time through `stages` shared-memory buffers: every thread issues
+cp.async copies of 16 bytes (8 bf16) of the next slices of x and W while the warps compute on the current
+one (copies past M, N or K fill zeros), then per 16-wide k step each warp loads its A fragments (one
+ldmatrix.x4 per 16 rows) and B fragments (one ldmatrix.x4 per 16 features: W [n][k] is B in the mma's
+"col" layout as stored) and issues one mma per 16 x 8 tile. Shared rows are padded by 8 bf16 (16 bytes):
+ldmatrix's 8 row addresses then fall in distinct banks. Epilogue: each lane stores its accumulators (two
+consecutive features of two tokens per mma tile), with `ResidualEpilogue` also out + residual.
+
+Error: each product of two bf16 is exact in float32; the sum of K of them is float32 (the tensor core adds
+16 products at a time, then into the accumulator), so |out - ref| <= K * 2^-23 * sum_k |x_k w_k| with ref
+the float64 sum of the bf16-rounded inputs (the classic bound gamma_K, with the unit roundoff doubled in
+case the hardware truncates instead of rounding). tests/test_gemm_tc.py checks exactly that bound.
+
+In the simulator the same kernel runs on mma.py's Python twins (the warps' lanes meet at each mma and
+ldmatrix), one block at a time: test it with small tiles (TileShape(32, 32, 32, 1, 2)).
+"""
+from dataclasses import dataclass
+import functools
+
+import numpy as np
+
+from .bf16 import f32_to_bf16
+from .common import (SHARED_ALIGN, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty)
+from .epilogues import FusedOutputs, ResidualEpilogue, fused_outputs
+from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, ldmatrix_x4, mma_bf16_m16n8k16
+
+WARP = 32
+CHUNK = 8      # bf16 per 16-byte copy
+ROW_PAD = 8    # bf16 of padding per shared row (16 bytes)
+CONVERT_THREADS = 256
+
+
+@dataclass(frozen=True)
+class TileShape:
+    block_m: int = 128  # tokens per block
+    block_n: int = 128  # output features per block
+    block_k: int = 32   # K per shared-memory stage
+    warps_m: int = 2
+    warps_n: int = 2
+    stages: int = 2     # shared buffers in flight: copies of slice k + stages - 1 overlap the mmas on slice k
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * WARP
+
+    def shared_bytes(self) -> int:
+        return self.stages * (self.block_m + self.block_n) * (self.block_k + ROW_PAD) * 2
+
+    def check(self) -> None:
+        warp_m, warp_n = self.block_m // self.warps_m, self.block_n // self.warps_n
+        assert warp_m * self.warps_m == self.block_m and warp_m % 16 == 0, f"{self}: warp rows not a multiple of 16"
+        assert warp_n * self.warps_n == self.block_n and warp_n % 16 == 0, f"{self}: warp columns not a multiple of 16"
+        assert self.block_k % 16 == 0 and self.stages >= 2, self
+        assert self.shared_bytes() <= 48 * 1024, f"{self}: {self.shared_bytes()} B of static shared memory (48 KB)"
+
+
+# Chosen by scripts/sweep_tc_gemm.py (not yet run on the H200: a plain 128 x 128 tile, 4 warps of 64 x 64, until then).
+DEFAULT_TILE = TileShape()
+
+
+@functools.cache
+def gemm_tc_kernel(tile: TileShape, residual: bool = False):
+    """The kernel for one tile shape (every size a compile-time constant: fixed shared shapes, unrolled
+    fragment and accumulator loops, so fragments and accumulators are registers). `residual`: also
+    residual_out = out + residual_in."""
+    tile.check()
+    bm, bn, bk, stages = tile.block_m, tile.block_n, tile.block_k, tile.stages
+    warps_n, threads = tile.warps_n, tile.threads
+    warp_m, warp_n = bm // tile.warps_m, bn // tile.warps_n
+    m_tiles, n_tiles = warp_m // 16, warp_n // 8  # mma tiles per warp
+    k_steps = bk // 16
+    row_chunks = bk // CHUNK
+    x_chunks, w_chunks = bm * row_chunks, bn * row_chunks  # 16-byte copies per stage
+    x_rounds, w_rounds = cdiv(x_chunks, threads), cdiv(w_chunks, threads)  # per thread
+    padded_k = bk + ROW_PAD
+    wait_prior = cp_async_wait_group(stages - 2)  # the oldest stage in flight has landed
+
+    @jit(device=True)
+    def copy_slice(x_bits, w_bits, x_tile, w_tile, stage, k0, m0, n0, tid, num_tokens, out_features, in_features):
+        """This thread's 16-byte copies of x[m0:m0+bm, k0:k0+bk] and W[n0:n0+bn, k0:k0+bk] into `stage`; zeros
+        past the edges (the clamped source addresses are valid and never read)."""
+        for i in range(x_rounds):
+            chunk = tid + i * threads
+            if x_rounds * threads > x_chunks and chunk >= x_chunks:  # (compiled out when the copies divide evenly)
+                continue
+            row = chunk // row_chunks
+            col = (chunk % row_chunks) * CHUNK
+            valid = m0 + row < num_tokens and k0 + col < in_features
+            cp_async_16(x_tile, stage, row, col, x_bits, min(m0 + row, num_tokens - 1),
+                        min(k0 + col, in_features - CHUNK), 16 if valid else 0)
+        for i in range(w_rounds):
+            chunk = tid + i * threads
+            if w_rounds * threads > w_chunks and chunk >= w_chunks:
+                continue
+            row = chunk // row_chunks
+            col = (chunk % row_chunks) * CHUNK
+            valid = n0 + row < out_features and k0 + col < in_features
+            cp_async_16(w_tile, stage, row, col, w_bits, min(n0 + row, out_features - 1),
+                        min(k0 + col, in_features - CHUNK), 16 if valid else 0)
+
+    @jit
+    def kernel(x_bits, w_bits, out, residual_in, residual_out):
+        # one shared array per line: the simulator aliases two declared on the same line
+        x_tile = cuda.shared.array((stages, bm, padded_k), np.uint16, alignment=SHARED_ALIGN)
+        w_tile = cuda.shared.array((stages, bn, padded_k), np.uint16, alignment=SHARED_ALIGN)
+        acc = cuda.local.array((m_tiles, n_tiles, 4), np.float32)
+        a_frag = cuda.local.array((m_tiles, 4), np.uint32)
+        b_frag = cuda.local.array((n_tiles, 2), np.uint32)
+        num_tokens, in_features = x_bits.shape
+        out_features = w_bits.shape[0]
+        tid = cuda.threadIdx.x
+        lane = tid % WARP
+        warp = tid // WARP
+        warp_row = (warp // warps_n) * warp_m  # this warp's part of the block tile
+        warp_col = (warp % warps_n) * warp_n
+        m0 = cuda.blockIdx.y * bm
+        n0 = cuda.blockIdx.x * bn
+        for i in range(m_tiles):
+            for j in range(n_tiles):
+                for r in range(4):
+                    acc[i, j, r] = np.float32(0.0)
+        k_slices = (in_features + bk - 1) // bk
+        for s in range(stages - 1):  # the pipeline's first slices
+            if s < k_slices:
+                copy_slice(x_bits, w_bits, x_tile, w_tile, s, s * bk, m0, n0, tid, num_tokens, out_features,
+                           in_features)
+            cp_async_commit()
+        # ldmatrix row addresses: A, lanes 0-15 rows 0-15 at k, lanes 16-31 the same rows at k + 8; B, lanes
+        # 0-7 / 8-15 features 0-7 at k / k + 8, lanes 16-23 / 24-31 features 8-15 at k / k + 8.
+        a_row = warp_row + lane % 16
+        a_col = 8 * (lane // 16)
+        b_row = warp_col + lane % 8 + 8 * (lane // 16)
+        b_col = 8 * ((lane // 8) % 2)
+        for kt in range(k_slices):
+            wait_prior()
+            cuda.syncthreads()  # slice kt is in shared memory for everyone; slice kt - 1's buffer is free
+            ahead = kt + stages - 1
+            if ahead < k_slices:
+                copy_slice(x_bits, w_bits, x_tile, w_tile, ahead % stages, ahead * bk, m0, n0, tid, num_tokens,
+                           out_features, in_features)
+            cp_async_commit()  # (an empty group at the end keeps the wait count uniform)
+            stage = kt % stages
+            for ks in range(k_steps):
+                for i in range(m_tiles):
+                    a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4(
+                        x_tile, stage, a_row + 16 * i, a_col + 16 * ks)
+                for j in range(n_tiles // 2):
+                    b_frag[2 * j, 0], b_frag[2 * j, 1], b_frag[2 * j + 1, 0], b_frag[2 * j + 1, 1] = ldmatrix_x4(
+                        w_tile, stage, b_row + 16 * j, b_col + 16 * ks)
+                for i in range(m_tiles):
+                    for j in range(n_tiles):
+                        acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3] = mma_bf16_m16n8k16(
+                            a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
+                            acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3])
+        # Lane 4g + t holds, of each mma tile, out[g][2t..2t+1] (acc 0, 1) and out[g + 8][2t..2t+1] (acc 2, 3).
+        g = lane // 4
+        t = lane % 4
+        for i in range(m_tiles):
+            for j in range(n_tiles):
+                row = m0 + warp_row + 16 * i + g
+                col = n0 + warp_col + 8 * j + 2 * t
+                store_pair(out, residual_in, residual_out, row, col, acc[i, j, 0], acc[i, j, 1], num_tokens,
+                           out_features)
+                store_pair(out, residual_in, residual_out, row + 8, col, acc[i, j, 2], acc[i, j, 3], num_tokens,
+                           out_features)
+
+    @jit(device=True)
+    def store_pair(out, residual_in, residual_out, row, col, v0, v1, num_tokens, out_features):
+        """out[row, col] and out[row, col + 1], those inside out (and residual_out = out + residual_in). Indexed
+        unsigned (no negative-index fix-ups): with them the epilogue grew past what LLVM unrolls, and acc, indexed
+        by a loop counter, went to the stack."""
+        if row < num_tokens:
+            r, c = np.uint64(row), np.uint64(col)
+            if col < out_features:
+                out[r, c] = v0
+                if residual:
+                    residual_out[r, c] = v0 + residual_in[r, c]
+            if col + 1 < out_features:
+                c += np.uint64(1)
+                out[r, c] = v1
+                if residual:
+                    residual_out[r, c] = v1 + residual_in[r, c]
+
+    return kernel
+
+
+@jit
+def to_bf16_rows_kernel(x, out):
+    num_rows, row_len = x.shape
+    for i in range(cuda.grid(1), num_rows * row_len, cuda.gridsize(1)):
+        out[i // row_len, i % row_len] = f32_to_bf16(x[i // row_len, i % row_len])
+
+
+def to_bf16_rows(x, out=None):
+    """x [M, K] float32 (any strides) -> uint16 bf16 bits [M, K], rounded to nearest even."""
+    assert x.ndim == 2 and x.dtype == np.float32, (x.shape, x.dtype)
+    out = device_empty(x.shape, np.uint16) if out is None else out
+    assert out.shape == x.shape and out.dtype == np.uint16, (out.shape, out.dtype)
+    if x.size:
+        blocks, threads = grid_stride_launch(x.size, CONVERT_THREADS)
+        to_bf16_rows_kernel[blocks, threads, launch_stream()](x, out)
+    return out
+
+
+def _is_row_aligned(a) -> bool:
+    """Rows of 8-bf16 chunks that are 16-byte aligned and contiguous, as cp.async copies them."""
+    return a.strides[1] == 2 and a.strides[0] % 16 == 0
+
+
+def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_TILE) -> FusedOutputs:
+    """out = bf16(x) @ W.T on tensor cores (x float32 [M, K], rounded to bf16 first, or uint16 bf16 bits);
+    any M and N, K a multiple of 8 (16-byte copies). `epilogue`: None or epilogues.ResidualEpilogue
+    (residual_out = out + residual). Returns the FusedOutputs written."""
+    assert x.ndim == 2 and x.dtype in (np.float32, np.uint16), (x.shape, x.dtype)
+    assert w_bits.dtype == np.uint16, f"W is {w_bits.dtype}: gemm_tc reads bf16 weights (uint16 bits)"
+    assert epilogue is None or isinstance(epilogue, ResidualEpilogue), (
+        f"gemm_tc has no {type(epilogue).__name__} yet: None or ResidualEpilogue")
+    num_tokens, in_features = x.shape
+    assert in_features % CHUNK == 0, f"gemm_tc copies 8 bf16 at a time: in_features {in_features} is not a multiple"
+    result = fused_outputs(x, w_bits, None, epilogue, out)
+    if num_tokens == 0 or w_bits.shape[0] == 0:
+        return result
+    x_bits = to_bf16_rows(x) if x.dtype == np.float32 else x
+    assert _is_row_aligned(x_bits) and _is_row_aligned(w_bits), (
+        f"gemm_tc needs contiguous rows starting 16 bytes apart: x strides {x_bits.strides}, W {w_bits.strides}")
+    residual = isinstance(epilogue, ResidualEpilogue)
+    kernel = gemm_tc_kernel(tile, residual)
+    grid = (cdiv(w_bits.shape[0], tile.block_n), cdiv(num_tokens, tile.block_m))
+    residual_in = epilogue.residual if residual else result.out
+    residual_out = result.residual_out if residual else result.out
+    kernel[grid, tile.threads, launch_stream()](x_bits, w_bits, result.out, residual_in, residual_out)
+    return result
+
+
+def gemm_tc(x, w_bits, out=None, tile: TileShape = DEFAULT_TILE):
+    """out = bf16(x) @ W.T on tensor cores, float32 accumulation: see gemm_tc_fused. Returns out."""
+    return gemm_tc_fused(x, w_bits, out=out, tile=tile).out
+
+
+def gemm_tc_ref(x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
+    """numpy twin: x rounded to bf16 (nearest even) unless already bits, W decoded, float64 sum, float32 out."""
+    import ml_dtypes
+    x64 = (x.view(ml_dtypes.bfloat16) if x.dtype == np.uint16 else x.astype(ml_dtypes.bfloat16)).astype(np.float64)
+    w64 = w_bits.view(ml_dtypes.bfloat16).astype(np.float64)
+    return (x64 @ w64.T).astype(np.float32)

@@ -1,0 +1,68 @@
+"""On the GPU: compile gemm_tc for every tile shape scripts/sweep_tc_gemm.py sweeps (and the residual epilogue at
+the default tile) and the tensor-core prefill attention, then read each kernel's SASS (nvdisasm): tensor-core mmas
+(HMMA), ldmatrix (LDSM) and, in gemm_tc, cp.async (LDGSTS) must be there, local memory (LDL / STL: spills or a
+register array indexed at run time) must not.
+
+    python scripts/check_tc_sass.py            # prints one line per kernel, then PASS or FAIL (exit status 1)
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def count(sass: str, opcode: str) -> int:
+    return sum(1 for line in sass.splitlines() if f" {opcode}" in line or f"\t{opcode}" in line)
+
+
+def main() -> int:
+    from kernels_numba.common import cuda
+    from kernels_numba.epilogues import ResidualEpilogue
+    from kernels_numba.gemm_tc import DEFAULT_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel
+    from sweep_tc_gemm import TILES
+    x = cuda.to_device(np.zeros((8, 64), np.uint16))
+    w = cuda.to_device(np.zeros((16, 64), np.uint16))
+    residual = cuda.to_device(np.zeros((8, 16), np.float32))
+    cases = [(DEFAULT_TILE, True)] + [(TileShape(*spec), False) for spec in TILES]
+    failures = 0
+    for tile, with_residual in cases:
+        try:
+            kernel = gemm_tc_kernel(tile, with_residual)
+        except AssertionError as e:
+            print(f"skip {tile}: {e}")
+            continue
+        gemm_tc_fused(x, w, ResidualEpilogue(residual) if with_residual else None, tile=tile)  # compiles it
+        cuda.synchronize()
+        for signature, sass in kernel.inspect_sass().items():
+            regs = kernel.overloads[signature].regs_per_thread
+            hmma, ldsm, ldgsts = count(sass, "HMMA"), count(sass, "LDSM"), count(sass, "LDGSTS")
+            local = count(sass, "LDL") + count(sass, "STL")
+            ok = hmma > 0 and ldsm > 0 and ldgsts > 0 and local == 0
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {tile}{' +residual' if with_residual else ''}: HMMA {hmma}, LDSM {ldsm}, "
+                  f"LDGSTS {ldgsts}, LDL/STL {local}, registers {regs}", flush=True)
+    # prefill_tc at Llama-3.2-1B's shape (head_dim 64, 4 heads a KV head, blocks of 16): HMMA and LDSM, no local memory
+    from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, paged_attention_prefill_tc_kernel
+    from kernels_numba.attention.prefill_tc import TC_KEY_TILE, TC_WARPS
+    pool = cuda.to_device(np.zeros((2, 16, 1, 64), np.float32))
+    one = cuda.to_device(np.zeros(1, np.int32))
+    paged_attention_prefill_tc(cuda.to_device(np.zeros((1, 4, 64), np.float32)), pool, pool,
+                               cuda.to_device(np.zeros((1, 2), np.int32)), one, one, 0.125)
+    cuda.synchronize()
+    kernel = paged_attention_prefill_tc_kernel(64, 4, 16, TC_WARPS, TC_KEY_TILE)
+    for signature, sass in kernel.inspect_sass().items():
+        hmma, ldsm = count(sass, "HMMA"), count(sass, "LDSM")
+        local = count(sass, "LDL") + count(sass, "STL")
+        ok = hmma > 0 and ldsm > 0 and local == 0
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} prefill_tc (head_dim 64, group 4): HMMA {hmma}, LDSM {ldsm}, LDL/STL {local}, "
+              f"registers {kernel.overloads[signature].regs_per_thread}", flush=True)
+    print("sass check:", "PASS" if failures == 0 else f"FAIL ({failures} kernels)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Sweep gemm_tc's tile shapes on the GPU: TFLOP/s per prefill projection shape, against gemm_blocked (fp32 CUDA
+cores, the current prefill GEMM) and torch's bf16 matmul (cuBLAS) when torch has CUDA.
+
+    python scripts/sweep_tc_gemm.py [--tokens 128,512,1024,4096] [--shapes qkv,o_proj,gate_up,down] [--repeats 20]
+Shapes are Llama-3.2-1B's projections (N x K). gemm_tc is timed on bf16 activations (the kernel alone; the
+float32 -> bf16 rounding gemm_tc does first for float32 x is timed once per shape, `to_bf16`), launches captured
+in one CUDA graph and replayed (sweep_gemv.time_in_graph), each launch on another copy of the weights while
+they are small enough for copies to exceed the L2. Every variant's output is checked first against numpy
+float64 on 64 rows x 256 columns: `err/bound` is the worst error over gemm_tc's stated bound (<= 1 passes).
+The last lines give each shape's best tile and the tile with the best geometric mean over all cases.
+"""
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+          "lm_head": (128256, 2048)}
+# (block_m, block_n, block_k, warps_m, warps_n, stages); TileShape.check rejects what does not fit 48 KB.
+TILES = [(128, 128, 32, 2, 2, 2), (128, 128, 16, 2, 2, 3), (128, 128, 32, 2, 4, 2), (128, 128, 32, 4, 2, 2),
+         (128, 64, 32, 2, 2, 3), (64, 128, 32, 2, 2, 3), (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 2),
+         (128, 256, 16, 2, 4, 2), (256, 128, 16, 4, 2, 2)]
+
+
+def check(got_rows, x_bits, w_bits, rows, columns):
+    """Worst |err| / bound on the sampled rows and columns (bound: K 2^-23 sum |x w|, see gemm_tc)."""
+    import ml_dtypes
+    x = x_bits[rows].view(ml_dtypes.bfloat16).astype(np.float64)
+    w = w_bits[columns].view(ml_dtypes.bfloat16).astype(np.float64)
+    want = x @ w.T
+    bound = x.shape[1] * 2.0**-23 * (np.abs(x) @ np.abs(w).T)
+    got = got_rows[:, columns].astype(np.float64)
+    if np.isnan(got).any():
+        return math.inf
+    return float((np.abs(got - want) / bound).max())
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", default="128,512,1024,4096")
+    parser.add_argument("--shapes", default="qkv,o_proj,gate_up,down")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--tiles", default="all", help="'all', 'default', or indices into TILES (comma-separated)")
+    args = parser.parse_args()
+    from kernels_numba.common import cuda
+    from kernels_numba.gemm_tc import DEFAULT_TILE, TileShape, gemm_tc, gemm_tc_kernel, to_bf16_rows
+    from kernels_numba.matmul import gemm_blocked
+    from sweep_gemv import time_in_graph
+    if args.tiles == "default":
+        tiles = [DEFAULT_TILE]
+    else:
+        chosen = TILES if args.tiles == "all" else [TILES[int(i)] for i in args.tiles.split(",")]
+        tiles = []
+        for spec in chosen:
+            tile = TileShape(*spec)
+            try:
+                gemm_tc_kernel(tile)
+                tiles.append(tile)
+            except AssertionError as e:
+                print(f"skip {spec}: {e}")
+    try:
+        import torch
+        torch_cuda = torch.cuda.is_available()
+    except ImportError:
+        torch_cuda = False
+    rng = np.random.default_rng(0)
+    rows_out, best, scores = [], {}, {tile: [] for tile in tiles}
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        weight_bytes = n * k * 2
+        copies = max(1, min(args.repeats, -(-256 * 2**20 // weight_bytes)))  # >= 256 MB of weights: 5x the L2
+        w_host = rng.integers(0x3C00, 0x3F00, (n, k)).astype(np.uint16)  # bf16 in [0.0078, 0.5)
+        w_host[:, ::2] |= 0x8000  # half of them negative
+        weights = [cuda.to_device(w_host) for _ in range(copies)]
+        for m in (int(t) for t in args.tokens.split(",")):
+            flops = 2.0 * m * n * k
+            x_host = rng.standard_normal((m, k)).astype(np.float32)
+            x = cuda.to_device(x_host)
+            x_bits = to_bf16_rows(x)
+            x_bits_host = x_bits.copy_to_host()
+            out = cuda.device_array((m, n), np.float32)
+            sample_rows = np.sort(rng.choice(m, size=min(m, 64), replace=False))
+            sample_cols = np.sort(rng.choice(n, size=min(n, 256), replace=False))
+            seconds = time_in_graph(lambda i: to_bf16_rows(x, x_bits), args.repeats)
+            print(f"{name} {n}x{k} M={m}: to_bf16 {seconds * 1e6:.1f} us", flush=True)
+            for tile in tiles:
+                out.copy_to_device(np.full((m, n), np.nan, np.float32))
+                gemm_tc(x_bits, weights[0], out, tile=tile)
+                ratio = check(out.copy_to_host()[sample_rows], x_bits_host, w_host, sample_rows, sample_cols)
+                seconds = time_in_graph(lambda i: gemm_tc(x_bits, weights[i % copies], out, tile=tile), args.repeats)
+                tflops = flops / seconds / 1e12
+                label = "gemm_tc " + ",".join(str(v) for v in (tile.block_m, tile.block_n, tile.block_k, tile.warps_m,
+                                                                 tile.warps_n, tile.stages))
+                rows_out.append((name, m, label, seconds * 1e6, tflops, ratio))
+                scores[tile].append(tflops)
+                if ratio <= 1 and tflops > best.get((name, m), (0, None))[0]:
+                    best[name, m] = (tflops, tile)
+                print(f"  {label}: {seconds * 1e6:.1f} us, {tflops:.1f} TFLOP/s, err/bound {ratio:.3f}"
+                      f"{'' if ratio <= 1 else '  FAIL'}", flush=True)
+            seconds = time_in_graph(lambda i: gemm_blocked(x, weights[i % copies], out), args.repeats)
+            rows_out.append((name, m, "gemm_blocked (fp32)", seconds * 1e6, flops / seconds / 1e12, float("nan")))
+            print(f"  gemm_blocked (fp32): {seconds * 1e6:.1f} us, {flops / seconds / 1e12:.1f} TFLOP/s", flush=True)
+            if torch_cuda:
+                tw = torch.from_numpy(w_host.view(np.int16)).cuda().view(torch.bfloat16)
+                tx = torch.from_numpy(x_bits_host.view(np.int16)).cuda().view(torch.bfloat16)
+                for _ in range(3):
+                    tx @ tw.T
+                torch.cuda.synchronize()
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(args.repeats):
+                    tx @ tw.T
+                stop.record()
+                torch.cuda.synchronize()
+                seconds = start.elapsed_time(stop) / 1e3 / args.repeats
+                rows_out.append((name, m, "torch bf16 (cuBLAS, eager)", seconds * 1e6, flops / seconds / 1e12,
+                                 float("nan")))
+                print(f"  torch bf16: {seconds * 1e6:.1f} us, {flops / seconds / 1e12:.1f} TFLOP/s", flush=True)
+    print("\nshape M kernel us TFLOP/s err/bound")
+    for r in rows_out:
+        print(f"{r[0]} {r[1]} {r[2]} {r[3]:.1f} {r[4]:.1f} {r[5]:.3f}")
+    print()
+    for (name, m), (tflops, tile) in best.items():
+        print(f"best {name} M={m}: {tflops:.1f} TFLOP/s with {tile}")
+    means = {tile: math.exp(np.mean(np.log(s))) for tile, s in scores.items() if s}
+    if means:
+        top = max(means, key=means.get)
+        print(f"best geometric mean over all cases: {means[top]:.1f} TFLOP/s with {top}")
+    failed = [r for r in rows_out if not r[5] <= 1 and not math.isnan(r[5])]
+    print("correctness: " + ("PASS (every variant within its bound)" if not failed else f"FAIL ({len(failed)} cases)"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`tinyvllm eval` end to end on the demo model (random weights: accuracy is chance, the machinery is what
+is tested) and its one-line errors."""
+import csv
+import json
+import math
+
+import pytest
+
+from tinyvllm.cli import main
+
+
+def test_eval_mmlu_limit_8_end_to_end(tmp_path, capsys):
+    # the demo tokenizer makes MMLU prompts 121-883 tokens long; a 140-token cap keeps the simulator's work to
+    # the two shortest of the 8 (seed 3) and reports the other six as too long
+    out = tmp_path / "eval"
+    rc = main(["eval", "--tasks", "mmlu", "--limit", "8", "--seed", "3", "--max-context", "140",
+               "--num-blocks", "64", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    report = json.loads((out / "results.json").read_text())
+    s = report["tasks"]["mmlu"]
+    assert (s["num_questions"], s["num_selected"], s["n"], s["num_too_long"], s["num_errors"]) == (14042, 8, 2, 6, 0)
+    items = report["items"]
+    assert len(items) == 8 and len({i["subject"] for i in items}) == 8   # 8 subjects: stratified
+    assert sorted(i["id"] for i in items if i["status"] == "too_long") == sorted(s["too_long_ids"])
+    scored = [i for i in items if i["status"] == "ok"]
+    assert {i["id"] for i in scored} == {"elementary_mathematics/209", "miscellaneous/214"}
+    for i in scored:
+        assert len(i["scores"]) == 4 and all(math.isfinite(x) and x < 0 for x in i["scores"])
+        assert i["prediction"] == "ABCD"[max(range(4), key=lambda k: (i["scores"][k], -k))]
+        assert i["prompt_tokens"] + 2 <= 140   # " A" is two tokens in the demo vocabulary
+    assert s["correct"] == sum(i["correct"] for i in scored)
+    assert s["ci95"][0] <= s["accuracy"] <= s["ci95"][1] and s["backend"]["prefix_cache_hit_tokens"] > 0
+    assert sum(s["length_histograms"]["prompt_full"]) == 14042 and sum(s["length_histograms"]["prompt_subset"]) == 8
+    assert len(list(csv.DictReader(open(out / "items.csv")))) == 8
+    assert "too long 6" in (out / "summary.txt").read_text() and "accuracy" in captured.out
+    assert "mmlu (loglikelihood, 0-shot) [" in captured.err          # the progress bar
+    assert report["command"].startswith("tinyvllm eval --limit 8 --seed 3 --max-context 140")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tasks", "mmlu,nope"], "unknown task(s) ['nope']"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--num-fewshot", "6"], "--num-fewshot must be in [0, 5]"),
+    (["--base-url", "http://127.0.0.1:9/v1"], "--base-url needs --model DIR"),
+])
+def test_bad_eval_input_gets_one_clear_line(capsys, argv, message):
+    assert main(["eval", *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1

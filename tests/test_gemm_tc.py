@@ -1,0 +1,128 @@
+"""gemm_tc (tensor-core GEMM) against numpy float64 on the bf16-rounded inputs, within its stated error bound.
+
+In the simulator the kernel runs on mma.py's twins with small tiles (a simulated lane is a Python thread);
+on a GPU (TINYVLLM_TEST_GPU=1) also at the GPU tile and every projection shape of the models tinyvllm runs."""
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels_numba.common import SIMULATOR, cuda
+from kernels_numba.epilogues import ResidualEpilogue, SwiGLUEpilogue
+from kernels_numba.gemm_tc import (DEFAULT_TILE, TileShape, gemm_tc, gemm_tc_fused, gemm_tc_ref, to_bf16_rows,
+                                   gemm_tc_kernel)
+from tests.helpers import poisoned
+
+SMALL = TileShape(32, 32, 32, 1, 2)  # 2 warps of 32 x 16: the simulator's tile
+
+
+def _inputs(rng, m, n, k):
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_bits = rng.standard_normal((n, k)).astype(ml_dtypes.bfloat16).view(np.uint16)
+    return x, w_bits
+
+
+def _assert_within_bound(got, x, w_bits, columns=None):
+    """|got - ref| <= K 2^-23 sum_k |x_k w_k|: gemm_tc's stated bound (float32 sums of exact bf16 products,
+    the unit roundoff doubled in case the tensor core truncates). ref: float64 sums of the bf16-rounded inputs."""
+    assert not np.isnan(got).any(), "some outputs were never written"
+    if columns is not None:
+        w_bits = w_bits[columns]
+        got = got[:, columns]
+    x64 = np.abs(x.astype(ml_dtypes.bfloat16).astype(np.float64))
+    w64 = np.abs(w_bits.view(ml_dtypes.bfloat16).astype(np.float64))
+    bound = x.shape[1] * 2.0**-23 * (x64 @ w64.T)
+    err = np.abs(got.astype(np.float64) - gemm_tc_ref(x, w_bits).astype(np.float64))
+    assert (err <= bound + 1e-30).all(), f"max err {err.max()}, worst err / bound {(err / bound).max()}"
+
+
+# Partial tiles in M and N with 2 K slices; K ending in a partial slice (the copies past K fill zeros); 3 stages
+# (cp.async.wait_group 1) over 3 slices; more threads than copies (bk 16: 32 copies of x for 64 threads).
+@pytest.mark.parametrize("m, n, k, tile", [
+    (40, 72, 64, SMALL),
+    (17, 40, 48, SMALL),
+    (33, 32, 96, TileShape(32, 32, 32, 1, 2, stages=3)),
+    (5, 24, 32, TileShape(16, 32, 16, 1, 2)),
+])
+def test_gemm_tc_matches_ref_within_the_bound(rng, m, n, k, tile):
+    x, w_bits = _inputs(rng, m, n, k)
+    out = poisoned((m, n), np.float32)
+    got = gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), out, tile=tile)
+    assert got is out
+    _assert_within_bound(got.copy_to_host(), x, w_bits)
+
+
+def test_gemm_tc_at_the_gpu_tile(rng):
+    # The GPU's tile (128 x 128, 4 warps of 64 x 64: 4 x 8 mma tiles a warp) once, with partial tiles.
+    x, w_bits = _inputs(rng, 100, 120, 64)
+    out = poisoned((100, 120), np.float32)
+    _assert_within_bound(gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), out).copy_to_host(), x, w_bits)
+
+
+def test_gemm_tc_takes_bf16_bits_and_a_residual(rng):
+    x, w_bits = _inputs(rng, 20, 40, 64)
+    x_bits = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    residual = rng.standard_normal((20, 40)).astype(np.float32)
+    out, summed = poisoned((20, 40), np.float32), poisoned((20, 40), np.float32)
+    result = gemm_tc_fused(cuda.to_device(x_bits), cuda.to_device(w_bits),
+                           ResidualEpilogue(cuda.to_device(residual), summed), out=out, tile=SMALL)
+    assert result.out is out and result.residual_out is summed
+    got = out.copy_to_host()
+    _assert_within_bound(got, x, w_bits)
+    np.testing.assert_array_equal(summed.copy_to_host(), got + residual)  # one float32 add
+
+
+def test_to_bf16_rows_rounds_a_strided_view_to_nearest_even(rng):
+    x = rng.standard_normal((5, 24)).astype(np.float32)
+    x[0, :4] = [np.inf, -0.0, np.nan, 3.0000002]
+    out = poisoned((5, 12), np.uint16)
+    to_bf16_rows(cuda.to_device(x)[:, 6:18], out)
+    got = out.copy_to_host()
+    want = x[:, 6:18].astype(ml_dtypes.bfloat16).view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gemm_tc_rejects_what_it_cannot_run(rng):
+    x, w_bits = _inputs(rng, 4, 16, 60)
+    with pytest.raises(AssertionError, match="multiple"):
+        gemm_tc(cuda.to_device(x), cuda.to_device(w_bits))  # K = 60: not whole 16-byte copies
+    x, w_bits = _inputs(rng, 4, 16, 64)
+    with pytest.raises(AssertionError, match="SwiGLUEpilogue"):
+        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), SwiGLUEpilogue())
+    with pytest.raises(AssertionError, match="shared memory"):
+        gemm_tc_kernel(TileShape(128, 256, 32, 2, 4))
+    with pytest.raises(AssertionError, match="multiple of 16"):
+        gemm_tc_kernel(TileShape(48, 32, 32, 2, 2))
+    empty = gemm_tc(cuda.to_device(np.zeros((0, 64), np.float32)), cuda.to_device(w_bits))
+    assert empty.shape == (0, 16)
+
+
+# The projections of Llama-3.2-1B (hidden 2048: q|k|v 3072, o 2048, gate|up 16384, down K 8192, LM head 128256, and
+# the separate q / kv widths 2048 / 512), SmolLM2-135M (576: q|k|v 960, gate|up 3072, down K 1536, LM head 49152)
+# and the demo model (64: q|k|v 128, gate|up 256, down K 128, LM head 640), at a decode batch and prefill sizes;
+# wide outputs are checked on a random subset of columns (numpy's float64 reference is the slow part).
+MODEL_SHAPES = [(3072, 2048), (2048, 2048), (512, 2048), (16384, 2048), (2048, 8192), (128256, 2048),
+                (960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576),
+                (128, 64), (64, 64), (256, 64), (64, 128), (640, 64)]
+
+
+@functools.cache
+def _model_weight(n, k):
+    """Random bf16 bit patterns of +-[2^-7, 2), drawn once per shape as integers (the LM head's 263M weights
+    as normal floats took ten seconds a test)."""
+    bits = np.random.default_rng(n * 10007 + k).integers(0, 2048, (n, k), dtype=np.uint16)
+    return (np.uint16(0x3C00) + (bits & np.uint16(0x3FF))) | ((bits >> np.uint16(10)) << np.uint16(15))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="GPU only (TINYVLLM_TEST_GPU=1): full-size shapes")
+@pytest.mark.parametrize("n, k", MODEL_SHAPES)
+@pytest.mark.parametrize("m", [1, 77, 300])
+def test_gemm_tc_model_shapes_on_the_gpu(rng, m, n, k):
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_bits = _model_weight(n, k)
+    out = poisoned((m, n), np.float32)
+    got = gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), out, tile=DEFAULT_TILE).copy_to_host()
+    assert not np.isnan(got).any(), "some outputs were never written"
+    columns = np.sort(rng.choice(n, size=min(n, 512), replace=False))
+    _assert_within_bound(got, x, w_bits, columns)

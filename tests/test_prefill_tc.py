@@ -1,0 +1,91 @@
+"""paged_attention_prefill_tc (FlashAttention-2 on tensor cores) against float64 attention on the same bf16-rounded
+q * scale, K and V, over test_paged_attention's steps (shuffled block tables, poisoned pool entries nobody wrote)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels_numba.attention import paged_attention_ref
+from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
+from kernels_numba.common import cuda
+from tests.helpers import poisoned
+from tests.test_paged_attention import LOG_F32_MAX, _gather, _scenario, _step, _stretch, _write
+
+# (block_size, n_heads, n_kv_heads, head_dim): groups 1, 2 and 4, head_dim 16 (one k step of Q K^T) and 32 (two)
+TC_LAYOUTS = [(4, 2, 2, 16), (16, 4, 2, 16), (4, 8, 2, 32)]
+
+
+def _bf16(x):
+    return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1, keys_per_tile=16, q_gain=1.0,
+              score_offset=0.0):
+    """Run the step through prefill_tc (in the simulator: 1-warp blocks of 16 / group queries, 16-key tiles, so the
+    scenarios' up-to-33-key contexts cross 3 key tiles and their queries several query tiles). Bound: P enters the
+    second mma as bf16 (2^-9 relative) while l sums float32 P: 2^-8 of W = sum_j p_j |v_j| / sum_j p_j, plus the
+    float32 sums; 2^-7 W checked. The scores' own float32 error E (head_dim products of bf16, 2^-23 each of
+    sum |q k|) moves the weights by at most a factor exp(2E), as in test_paged_attention's _tolerance."""
+    step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim)
+    scale = 1.0 / np.sqrt(head_dim)
+    _stretch(step, scale, q_gain, score_offset)
+    d_k_pool, d_v_pool, k_pool, v_pool = _write(step)
+    d_seq, d_pos = cuda.to_device(step.query_seq), cuda.to_device(step.query_pos)
+    tiles = build_prefill_tc_tiles(d_seq, d_pos, n_heads // n_kv_heads, warps) if scenario != "whole_prompt" else None
+    out = poisoned(step.q.shape, np.float32)
+    got = paged_attention_prefill_tc(cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables),
+                                     d_seq, d_pos, scale, out=out, tiles=tiles, warps=warps,
+                                     keys_per_tile=keys_per_tile)
+    assert got is out
+    got = got.copy_to_host()
+    assert np.isfinite(got).all(), "the kernel left an output unwritten, read a poisoned entry or overflowed"
+    q_r = _bf16(step.q * np.float32(scale))  # what the kernel feeds the mma: the float32 product, rounded
+    k_r, v_r = _bf16(k_pool), _bf16(v_pool)
+    args = (step.block_tables, step.query_seq, step.query_pos, 1.0)
+    want = paged_attention_ref(q_r, k_r, v_r, *args)
+    weight = paged_attention_ref(q_r, k_r, np.abs(v_r), *args).astype(np.float64)
+    group = n_heads // n_kv_heads
+    score_err = np.empty((len(step.q), n_heads, 1))
+    scores = []
+    for t, (s, p) in enumerate(zip(step.query_seq, step.query_pos)):
+        keys = _gather(k_r, step.block_tables, s, p + 1).astype(np.float64)
+        for h in range(n_heads):
+            score_err[t, h] = head_dim * 2.0**-23 * (np.abs(keys[:, h // group]) @ np.abs(q_r[t, h])).max()
+            scores.append(keys[:, h // group] @ q_r[t, h])
+    tol = (2.0**-7 + np.expm1(2 * score_err)) * weight + 1e-6
+    err = np.abs(got.astype(np.float64) - want)
+    assert (err <= tol).all(), f"max err {err.max()}, worst err/tol {(err / tol).max()}"
+    return scores
+
+
+@pytest.mark.parametrize("scenario, layout", [
+    ("whole_prompt", TC_LAYOUTS[0]), ("chunked", TC_LAYOUTS[1]), ("shared_prefix", TC_LAYOUTS[2]),
+    ("decode", TC_LAYOUTS[1])])
+def test_prefill_tc_matches_ref(rng, scenario, layout):
+    _check_tc(rng, scenario, *layout)
+
+
+def test_prefill_tc_at_the_gpu_shape(rng):
+    # The GPU's block once: 4 warps of 16 rows (16 queries x Llama-3.2-1B's group of 4 heads, head_dim 64), 64-key
+    # tiles; 36 + 20 new queries give full and partial query tiles, 45 keys a partial key tile read from the pool.
+    _check_tc(rng, "long_chunk", 16, 4, 1, 64, warps=4, keys_per_tile=64)
+
+
+@pytest.mark.parametrize("q_gain, score_offset", [(300.0, 0.0), (1.0, 600.0)])
+def test_prefill_tc_stable_with_huge_scores(rng, q_gain, score_offset):
+    # Score gaps of +-1000s (the running max rises, exp(m_old - m_new) underflows), and every score 600 +- O(1)
+    # (a naive exp overflows for every key).
+    scores = _check_tc(rng, "chunked", 4, 4, 2, 16, q_gain=q_gain, score_offset=score_offset)
+    assert max(np.abs(s).max() for s in scores) > LOG_F32_MAX, "scores too small to prove anything"
+
+
+def test_prefill_tc_rejects_unfit_shapes(rng):
+    q = cuda.to_device(np.ones((1, 3, 24), np.float32))
+    pool = cuda.to_device(np.ones((1, 4, 1, 24), np.float32))
+    table = cuda.to_device(np.zeros((1, 1), np.int32))
+    ones = cuda.to_device(np.ones(1, np.int32))
+    with pytest.raises(AssertionError, match="multiple of 16"):
+        paged_attention_prefill_tc(q, pool, pool, table, ones, ones, 1.0)
+    q = cuda.to_device(np.ones((1, 3, 16), np.float32))
+    pool = cuda.to_device(np.ones((1, 4, 1, 16), np.float32))
+    with pytest.raises(AssertionError, match="does not divide"):
+        paged_attention_prefill_tc(q, pool, pool, table, ones, ones, 1.0, warps=1)

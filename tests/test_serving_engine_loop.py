@@ -1,0 +1,193 @@
+"""The engine loop without HTTP: flat tables over many requests, no spinning, aborts, shutdown, back-pressure.
+
+Most tests replace the model's math (forward pass and sampler) with a constant token, so the real
+scheduler, block manager, metrics and request tables run thousands of requests in seconds; the test of
+outputs runs the real demo model in the simulator.
+"""
+import threading
+import time
+
+import pytest
+
+from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.model import load_model
+from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.serving.engine_loop import (STEP_SAMPLES_KEPT, EngineLoop, LoopClosed, QueueFull, Update)
+
+FAKE_TOKEN = 7  # not one of the demo model's EOS ids
+
+
+def quiet(message):
+    pass
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(log=quiet)
+
+
+def new_engine(model, **options) -> LLMEngine:
+    options.setdefault("num_blocks", 64)
+    options.setdefault("block_size", 4)
+    return LLMEngine(model, EngineConfig(**options), log=quiet)
+
+
+def fake_math(engine: LLMEngine, step_seconds: float = 0.0) -> LLMEngine:
+    """Every step samples FAKE_TOKEN for every row without running a kernel (taking `step_seconds`)."""
+    def forward_stages(batch, all_logits=False, synchronize=True):
+        time.sleep(step_seconds)
+        return None
+        yield  # a generator, like the real one
+
+    engine.runner.forward_stages = forward_stages
+    engine._sample = lambda logits, seqs, greedy_ids=None: [FAKE_TOKEN] * len(seqs)
+    return engine
+
+
+class Collector:
+    """A sink that keeps every update and signals each finished request."""
+
+    def __init__(self):
+        self.updates: dict[str, list[Update]] = {}
+        self.finished: dict[str, Update] = {}
+        self.done = threading.Condition()
+
+    def __call__(self, updates):
+        with self.done:
+            for u in updates:
+                self.updates.setdefault(u.request_id, []).append(u)
+                if u.finished:
+                    self.finished[u.request_id] = u
+            self.done.notify_all()
+
+    def wait(self, n: int, timeout: float = 60) -> None:
+        with self.done:
+            assert self.done.wait_for(lambda: len(self.finished) >= n, timeout), f"{len(self.finished)}/{n} finished"
+
+
+def test_tables_stay_flat_over_2000_requests(model):
+    engine = fake_math(new_engine(model, max_num_seqs=8))
+    sizes = []
+
+    class Probe:
+        def on_step(self, report):
+            sizes.append((len(engine._requests), len(engine._by_seq_id), len(engine.metrics._requests)))
+
+    loop = EngineLoop(engine, max_waiting=8, observers=[Probe()], log=quiet).start()
+    sink = Collector()
+    params = SamplingParams(temperature=0, max_tokens=1)
+    for i in range(2000):
+        loop.submit([1 + i % 50, 2, 3], params, sink, block=True)  # back-pressure keeps <= 8 waiting
+    sink.wait(2000)
+    loop.stop()
+    assert all(u.finish_reason == "length" and u.token_ids == [FAKE_TOKEN] for u in sink.finished.values())
+    # in flight at most: 8 running + 8 waiting + what one inbox delivers; never the whole history
+    assert max(max(s) for s in sizes) <= 24, max(sizes)
+    assert (len(engine._requests), len(engine._by_seq_id), len(engine.metrics._requests)) == (0, 0, 0)
+    assert len(engine.metrics._steps) <= STEP_SAMPLES_KEPT and engine.num_steps >= 2000 / 8
+    assert not loop._sinks and not loop._live
+    assert engine.block_manager.num_free_blocks == 64
+
+
+def test_an_idle_loop_sleeps_and_wakes_for_a_new_request(model):
+    engine = fake_math(new_engine(model))
+    checks = []
+    has_unfinished = engine.has_unfinished_requests
+    engine.has_unfinished_requests = lambda: checks.append(1) or has_unfinished()
+    loop = EngineLoop(engine, log=quiet).start()
+    sink = Collector()
+    loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=2), sink)
+    sink.wait(1)
+    time.sleep(0.05)
+    before = (len(checks), engine.num_steps)
+    time.sleep(0.3)
+    assert (len(checks), engine.num_steps) == before  # waiting on the condition: no polling, no steps
+    loop.submit([4, 5], SamplingParams(temperature=0, max_tokens=2), sink)
+    sink.wait(2)
+    assert engine.num_steps == before[1] + 2
+    loop.stop()
+
+
+def test_an_abort_frees_the_kv_blocks_and_ends_the_stream(model):
+    engine = fake_math(new_engine(model, num_blocks=1024), step_seconds=0.002)
+    loop = EngineLoop(engine, log=quiet).start()
+    sink = Collector()
+    rid = loop.submit(list(range(1, 30)), SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True), sink)
+    with sink.done:
+        sink.done.wait_for(lambda: rid in sink.updates)
+    loop.abort(rid)
+    sink.wait(1)
+    last = sink.finished[rid]
+    assert last.finish_reason == "abort" and 0 < len(last.token_ids) < 2000
+    assert loop.state.kv_usage == 0 and engine.block_manager.num_free_blocks == 1024
+    assert rid not in engine._requests
+    loop.stop()
+
+
+def test_stop_finishes_or_aborts_within_the_timeout_and_refuses_new_requests(model):
+    engine = fake_math(new_engine(model, num_blocks=1024), step_seconds=0.002)
+    loop = EngineLoop(engine, log=quiet).start()
+    sink = Collector()
+    short = loop.submit([1, 2], SamplingParams(temperature=0, max_tokens=3), sink)
+    endless = loop.submit([1, 2], SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True), sink)
+    start = time.monotonic()
+    loop.stop(timeout=0.3)
+    assert time.monotonic() - start < 5
+    assert sink.finished[short].finish_reason == "length"
+    assert sink.finished[endless].finish_reason == "abort"
+    with pytest.raises(LoopClosed):
+        loop.submit([1], SamplingParams(), sink)
+
+
+def test_max_waiting_refuses_or_blocks_until_there_is_room(model):
+    loop = EngineLoop(fake_math(new_engine(model)), max_waiting=2, log=quiet)  # not started: nothing leaves the queue
+    sink = Collector()
+    params = SamplingParams(temperature=0, max_tokens=1)
+    loop.submit([1], params, sink)
+    loop.submit([2], params, sink)
+    with pytest.raises(QueueFull):
+        loop.submit([3], params, sink)
+    blocked = threading.Thread(target=loop.submit, args=([4], params, sink), kwargs={"block": True})
+    blocked.start()
+    time.sleep(0.2)
+    assert blocked.is_alive()
+    loop.start()
+    blocked.join(timeout=30)
+    assert not blocked.is_alive()
+    sink.wait(3)
+    loop.stop()
+
+
+def test_a_failing_engine_fails_its_requests_and_the_loop_says_why(model):
+    engine = fake_math(new_engine(model))
+    loop = EngineLoop(engine, log=quiet)
+    engine.step = lambda: 1 / 0
+    sink = Collector()
+    rid = loop.submit([1, 2], SamplingParams(temperature=0, max_tokens=2), sink)
+    loop.start()
+    sink.wait(1)
+    assert sink.finished[rid].finish_reason == "error" and "ZeroDivisionError" in sink.finished[rid].error
+    loop._thread.join(timeout=10)
+    assert not loop.alive and isinstance(loop.error, ZeroDivisionError)
+    with pytest.raises(LoopClosed, match="ZeroDivisionError"):
+        loop.submit([1], SamplingParams(), sink)
+
+
+def test_the_loop_gives_what_generate_gives_with_requests_arriving_mid_run(model):
+    prompts = ["The sun rose", "A small dog ran along the river", "Water"]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    offline = new_engine(model).generate(prompts, params)
+    loop = EngineLoop(new_engine(model), log=quiet).start()
+    sink = Collector()
+    first = loop.submit(prompts[0], params, sink)
+    with sink.done:
+        sink.done.wait_for(lambda: first in sink.updates)  # the others join a batch already running
+    rest = [loop.submit(p, params, sink) for p in prompts[1:]]
+    sink.wait(3)
+    loop.stop()
+    assert loop.engine.num_steps <= 6  # the later two joined the first's batch (one after another: 9 steps)
+    for rid, expected in zip([first] + rest, offline):
+        got = sink.finished[rid]
+        assert got.token_ids == expected.token_ids and got.text == expected.text
+        assert [t for u in sink.updates[rid] for t in u.new_token_ids] == expected.token_ids
+        assert got.metrics.output_tokens == 3 and got.metrics.ttft is not None

@@ -1,0 +1,138 @@
+"""The serving package's parts that need no running engine: streamed text, error messages, logprob shapes,
+the API key, a full queue and a dead engine loop (an app over a loop that is not running)."""
+import pytest
+
+from tests.references import require
+require("httpx", "FastAPI's TestClient needs it: pip install -e '.[test-serving]'")
+from fastapi.testclient import TestClient  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+
+from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.model import load_model
+from tinyvllm.serving.app import create_app
+from tinyvllm.serving.cli import STATIC_DIR
+from tinyvllm.serving.context import ServingContext
+from tinyvllm.serving.detokenizer import IncrementalDetokenizer
+from tinyvllm.serving.engine_loop import EngineLoop
+from tinyvllm.serving.logprobs import TokenText, chat_logprobs, completion_logprobs
+from tinyvllm.serving.protocol import ChatCompletionRequest, CompletionRequest, validation_error
+
+
+def quiet(message):
+    pass
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(log=quiet)
+
+
+@pytest.mark.parametrize("stop", [(), ("ab", "xyz")])
+def test_streamed_deltas_add_up_to_the_whole_decode(model, rng, stop):
+    tok = model.tokenizer
+    for _ in range(30):  # random ids: byte tokens split multi-byte characters, special tokens decode to ""
+        ids = rng.integers(0, model.config.vocab_size, size=int(rng.integers(1, 40))).tolist()
+        final = tok.decode(ids)
+        detok, sent, i = IncrementalDetokenizer(tok.decode, stop), "", 0
+        while i < len(ids):
+            n = int(rng.integers(1, 4))
+            sent += detok.add(ids[i:i + n])
+            i += n
+            assert final.startswith(sent), (ids, sent)
+            if stop:  # the last len(longest stop) - 1 characters are still held back
+                assert len(sent) <= max(0, len(tok.decode(ids[:i])) - 2)
+        sent += detok.finish(final)
+        assert sent == final, ids
+
+
+def test_the_final_text_wins_over_what_was_decoded_when_a_stop_string_cut_it(model):
+    tok = model.tokenizer
+    ids = tok.encode("abcd efgh", add_special_tokens=False)
+    last = next(k for k in range(1, len(ids) + 1) if "d e" in tok.decode(ids[:k]))  # the engine stops here
+    detok = IncrementalDetokenizer(tok.decode, ("d e",))
+    streamed = "".join(detok.add([t]) for t in ids[:last - 1])
+    assert streamed + detok.finish("abc") == "abc"  # what the engine returns: the text before the stop string
+
+
+def errors_of(model_class, body):
+    with pytest.raises(ValidationError) as e:
+        model_class.model_validate(body)
+    return validation_error(e.value.errors())
+
+
+@pytest.mark.parametrize("model_class,body,message,param", [
+    (CompletionRequest, {"prompt": "x", "tempreature": 0.5}, "unknown field 'tempreature'", "tempreature"),
+    (CompletionRequest, {"prompt": {"a": 1}}, "prompt: expected text, a list of texts", "prompt"),
+    (CompletionRequest, {"prompt": "x", "max_tokens": 1.5}, "max_tokens: Input should be a valid integer", "max_tokens"),
+    (CompletionRequest, {"prompt": "x", "best_of": 3}, "best_of: only best_of=1 is supported", "best_of"),
+    (CompletionRequest, {"prompt": "x", "presence_penalty": 1}, "presence_penalty: penalties are not supported",
+     "presence_penalty"),
+    (CompletionRequest, {"prompt": "x", "logprobs": 21}, "logprobs: Input should be less than or equal to 20",
+     "logprobs"),
+    (CompletionRequest, {}, "prompt: Field required", "prompt"),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content: expected a string",
+     "messages"),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     "top_logprobs needs logprobs: true", None),
+])
+def test_invalid_bodies_get_one_line_naming_the_field(model_class, body, message, param):
+    error = errors_of(model_class, body)
+    assert error.status == 400 and error.message.startswith(message) and error.param == param, error.message
+
+
+def test_logprobs_in_both_openai_shapes(model):
+    text = TokenText(model.tokenizer.decode)
+    ids = [300, 301, 302]
+    entries = [None, {301: -0.5, 7: -1.25, 9: -3.0}, {302: -2.0, 7: -0.25, 8: -0.75}]
+    out = completion_logprobs(ids, entries, 2, text, offset=5)
+    assert out.tokens == [text(i) for i in ids]
+    assert out.token_logprobs == [None, -0.5, -2.0]
+    assert out.top_logprobs == [None, {text(301): -0.5, text(7): -1.25}, {text(7): -0.25, text(8): -0.75}]
+    assert out.text_offset == [5, 5 + len(text(300)), 5 + len(text(300)) + len(text(301))]
+    chat = chat_logprobs(ids[1:], entries[1:], 1, text).content
+    assert [(c.token, c.logprob) for c in chat] == [(text(301), -0.5), (text(302), -2.0)]
+    assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in chat] == [[(text(301), -0.5)], [(text(7), -0.25)]]
+    assert chat[0].bytes == list(text(301).encode())
+
+
+@pytest.fixture
+def idle_app(model):
+    """An app over an engine loop that was never started: nothing it accepts will run."""
+    def make(static_dir=None, **options):
+        engine = LLMEngine(model, EngineConfig(num_blocks=16, block_size=4), log=quiet)
+        loop = EngineLoop(engine, max_waiting=options.pop("max_waiting", 0), log=quiet)
+        return TestClient(create_app(ServingContext.create(loop, "demo", **options), static_dir=static_dir))
+    return make
+
+
+def test_a_full_queue_is_a_503_with_retry_after_and_a_stopped_loop_fails_health(idle_app):
+    client = idle_app()
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert "--max-waiting 0" in r.json()["error"]["message"]
+    assert client.get("/health").status_code == 503
+    assert client.get("/state").json()["http_errors"] == {"4xx": 0, "5xx": 2}
+
+
+def test_the_api_key_guards_the_api_but_not_health_or_metrics(idle_app):
+    client = idle_app(api_key="sesame")
+    body = {"prompt": "x", "max_tokens": 1}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+        r = client.post("/v1/completions", json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+    assert client.post("/tokenize", json={"prompt": "x"}).status_code == 401
+    # the right key gets through to the (full) queue
+    assert client.post("/v1/completions", json=body, headers={"Authorization": "Bearer sesame"}).status_code == 503
+    assert client.get("/metrics").status_code == 200 and client.get("/version").status_code == 200
+
+
+@pytest.mark.parametrize("with_page", [True, False])
+def test_unknown_api_routes_are_404_and_wrong_methods_405_beside_the_web_page(idle_app, with_page):
+    client = idle_app(static_dir=STATIC_DIR if with_page else None)
+    for method, path, status in [("POST", "/v1/nowhere", 404), ("GET", "/v1/chat", 404),
+                                 ("DELETE", "/v1/completions", 405), ("GET", "/v1/chat/completions", 405)]:
+        r = client.request(method, path)
+        assert r.status_code == status and r.json()["error"]["code"] == status, (method, path, r.text)
+    index = client.get("/")
+    assert index.status_code == 200
+    assert index.headers["content-type"].startswith("text/html" if with_page else "application/json")
