@@ -39,8 +39,8 @@ def test_llm_chat_and_a_single_conversation_run_transformers_chat_ids(llm):  # p
 
 @pytest.fixture
 def engine_outputs(monkeypatch):
-    """Every finished RequestOutput the engine's steps return while the test runs the command in-process
-    (`generate` drives LLMEngine.step itself, for its progress bar and --stream)."""
+    """Every finished RequestOutput LLMEngine.step reports while the test runs the command in-process (the
+    command steps the engine itself, for --stream and its progress bar)."""
     seen, step = [], LLMEngine.step
 
     def recording(self, *args, **kwargs):

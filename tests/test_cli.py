@@ -20,10 +20,16 @@ def test_generate_prints_each_prompt_and_its_continuation(capsys):
     assert "[0] 'The sun'" in out and "[1] 'Hi'" in out and out.count("(2 tokens, length)") == 2
     assert "TTFT" in err or "ttft" in err.lower()
 
-def test_generate_chat_wraps_the_prompt_in_the_template(capsys):
-    code, out, err = run(capsys, "generate", "--chat", "--prompt", "Hi", "--max-tokens", "1")
+def test_generate_chat_wraps_the_prompt_in_the_template(capsys, tmp_path):
+    metrics = tmp_path / "metrics.json"
+    code, out, err = run(capsys, "generate", "--chat", "--system", "Be brief.", "--prompt", "Hi", "--max-tokens", "1",
+                         "--metrics-json", str(metrics))
     assert code == 0, err
-    assert "(1 tokens" in out
+    assert "[0] 'Hi'" in out and "(1 tokens" in out
+    prompt = json.loads(metrics.read_text())["requests"][0]["prompt"]   # what the engine ran, as text
+    assert prompt.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
+    assert "Be brief.<|eot_id|>" in prompt and prompt.endswith(
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--prompt", "x", "--model", "/nonexistent"], "model directory not found: /nonexistent"),

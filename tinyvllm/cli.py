@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check-goldens", help="compare every stage of the forward pass with a golden file")
     _engine_args(c)
-    c.add_argument("--goldens", metavar="FILE", help="golden .npz (default: goldens/demo.npz)")
+    c.add_argument("--goldens", metavar="FILE", help="golden .npz (default: the demo model's, tinyvllm/goldens/demo.npz)")
     c.add_argument("--rtol", type=float, help="max error relative to each stage's largest value")
     c.add_argument("--no-greedy", action="store_true", help="skip the greedy continuation check")
     c.set_defaults(run=_check_goldens)
@@ -150,13 +150,12 @@ def _parser() -> argparse.ArgumentParser:
 
     from .serving import cli as serving_cli
     sv = sub.add_parser("serve", help="serve the model: OpenAI-compatible HTTP API, or --jsonl on stdin/stdout",
-                       description=serving_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=serving_cli.__doc__)
     serving_cli.add_arguments(sv)
     sv.set_defaults(run=serving_cli.run)
 
     from .gguf_import import convert
-    v = sub.add_parser("convert", help="write a GGUF model as an HF model directory", description=convert.__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    v = sub.add_parser("convert", help="write a GGUF model as an HF model directory", description=convert.__doc__)
     convert.add_arguments(v)
     v.set_defaults(run=convert.run)
 
@@ -231,18 +230,19 @@ def _checked_specs(args) -> list[PromptSpec]:
     a bad line of a prompts file fails only that line."""
     specs = read_prompt_specs(args.prompt, args.prompts_file, args.prompts_format)
     for spec in specs:
+        if spec.error is not None:
+            continue
+        if not spec.overrides:  # only the flags decide: their error is everyone's (raised)
+            spec.params = _sampling_params(args, {}, "invalid sampling parameters")
+        else:
+            try:
+                spec.params = _sampling_params(args, spec.overrides, spec.source)
+            except TinyVLLMError as e:
+                spec.error = str(e)
+                continue
         if args.chat and isinstance(spec.prompt, str):
             spec.prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
                 {"role": "user", "content": spec.prompt}]
-        if spec.error is not None:
-            continue
-        if not spec.overrides:  # only the flags decide: their error is everyone's
-            spec.params = _sampling_params(args, {}, "invalid sampling parameters")
-            continue
-        try:
-            spec.params = _sampling_params(args, spec.overrides, spec.source)
-        except TinyVLLMError as e:
-            spec.error = str(e)
     return specs
 
 

@@ -16,7 +16,7 @@ def add_session_arguments(p) -> None:
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt (repeatable; default: the first golden prompt)")
     p.add_argument("--requests", metavar="FILE", help="more prompts, one per line")
-    p.add_argument("--goldens", metavar="FILE", help="golden .npz (default: goldens/demo.npz)")
+    p.add_argument("--goldens", metavar="FILE", help="golden .npz (default: the demo model's, tinyvllm/goldens/demo.npz)")
     p.add_argument("--no-goldens", action="store_true", help="compare with no golden file")
     p.add_argument("--max-tokens", type=int, default=8, metavar="N", help="new tokens per request (greedy)")
 
