@@ -57,11 +57,11 @@ def served(server, tmp_path_factory):
     code, stdout = bench("--base-url", server.url, "--workload", "serving,throughput", *TINY, "--max-concurrency", "2", "--max-num-seqs", "1", "--check-greedy",
                          "--num-blocks", str(ENGINE_OPTIONS["num_blocks"]), "--block-size",
                          str(ENGINE_OPTIONS["block_size"]), "--out", str(out))
-    return code, stdout, *read_report(out)
+    return code, stdout, *read_report(out), out
 
 
 def test_every_request_succeeds_with_the_tokens_it_asked_for_and_the_report_has_every_field(served, server):
-    code, stdout, report, csv_rows = served
+    code, stdout, report, csv_rows, out = served
     assert code == 0
     serving, throughput = report["results"]
     cfg = BenchConfig(workloads=("serving", "throughput"), serving_requests=3, num_requests=2, min_len=4, max_len=8,
@@ -90,6 +90,9 @@ def test_every_request_succeeds_with_the_tokens_it_asked_for_and_the_report_has_
         assert line in stdout, line
     assert report["command"].startswith("tinyvllm bench ") and "--check-greedy" in report["command"]
     assert server.wait_idle()["kv_blocks"]["used"] == 0
+    # an HTTP report merges with another (e.g. the offline run's) like any bench.json
+    code, merged = bench("--merge", str(out / "bench.json"), str(out / "bench.json"), "--out", str(out / "merged"))
+    assert code == 0 and merged.count("Successful requests:") == 4
 
 
 def test_an_unreachable_server_counts_every_request_as_failed(tmp_path):
@@ -164,7 +167,7 @@ def test_base_url_options_are_checked_before_anything_runs(capsys):
 
 def test_the_greedy_check_reports_where_outputs_part():
     served = [HttpResult(ok=True, token_ids=[5, 6, 7]), HttpResult(ok=True, token_ids=[5, 6, 7]),
-              HttpResult(ok=True, text="ab c")]
+              HttpResult(ok=True, text_parts=["ab", " c"])]
     offline = [SimpleNamespace(token_ids=[5, 6, 7], text=""), SimpleNamespace(token_ids=[5, 6, 8], text=""),
                SimpleNamespace(token_ids=[], text="ab d")]
     check = compare_greedy([(i, None, r) for i, r in enumerate(served)], offline)

@@ -40,11 +40,15 @@ class HttpResult:
     ttft: float | None = None
     e2e: float | None = None
     output_times: list[float] = field(default_factory=list)   # arrival of each chunk with output
-    text: str = ""
+    text_parts: list[str] = field(default_factory=list)
     token_ids: list[int] | None = None     # when the server sends them (return_token_ids)
     usage_output_tokens: int | None = None
     prompt_tokens: int | None = None       # the usage chunk's, when sent
     finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
 
     @property
     def output_tokens(self) -> int:
@@ -137,9 +141,10 @@ def _take_chunk(r: HttpResult, chunk: dict, t: float) -> None:
         if text or ids:
             r.ttft = t if r.ttft is None else r.ttft
             r.output_times.append(t)
-        r.text += text
+        r.text_parts.append(text)
         if ids:
-            r.token_ids = (r.token_ids or []) + list(ids)
+            r.token_ids = r.token_ids if r.token_ids is not None else []
+            r.token_ids.extend(ids)
         r.finish_reason = choice.get("finish_reason") or r.finish_reason
 
 

@@ -173,7 +173,7 @@ def run_http_bench(cfg: BenchConfig, log) -> int:
         "command": command_line(cfg),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "environment": {"device": f"HTTP server at {cfg.base_url}", "client": "tinyvllm bench (httpx, asyncio)",
-                        "python": sys.version.split()[0], "server": server},
+                        "python": sys.version.split()[0], "server": server, "hf": None},
         "model": {"dir": str(model_dir), "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
                   "vocab_size": c.vocab_size, "weight_bytes": weight_bytes(c)},
         "config": dataclasses.asdict(cfg),

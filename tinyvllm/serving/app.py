@@ -4,7 +4,7 @@
     GET /version  {"version": ...}
     GET /metrics  Prometheus text (metrics_prometheus.py)
     GET /state    the live state as JSON, for a web page to poll (live_stats.py)
-    GET /         the files of `static_dir` (a web page), if given; else a short JSON index
+    GET /         `static_dir`/index.html (the web page; its files under /static/), if given; else a JSON index
 
 Every error is {"error": {"message", "type", "param", "code"}}: a body that is not JSON, a field of the
 wrong type or value, an unknown field: 400 naming it; an unknown model: 404; a full queue: 503 with
@@ -103,8 +103,13 @@ def create_app(ctx: ServingContext, static_dir: str | Path | None = None) -> Fas
         raise ApiError(404, f"no route {request.method} {path}")
 
     if static_dir is not None and (Path(static_dir) / "index.html").is_file():
+        from fastapi.responses import FileResponse
         from fastapi.staticfiles import StaticFiles
-        app.mount("/", StaticFiles(directory=static_dir, html=True), name="static")
+        app.mount("/static", StaticFiles(directory=static_dir), name="static")  # not at /: unknown routes stay 404
+
+        @app.get("/")
+        async def page():
+            return FileResponse(Path(static_dir) / "index.html")
     else:
         @app.get("/")
         async def index():
