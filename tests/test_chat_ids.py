@@ -39,15 +39,25 @@ def test_llm_chat_and_a_single_conversation_run_transformers_chat_ids(llm):  # p
 
 @pytest.fixture
 def engine_outputs(monkeypatch):
-    """Every RequestOutput LLMEngine.generate returns while the test runs the command in-process."""
-    seen, generate = [], LLMEngine.generate
+    """The final RequestOutput of every request queued while the test runs the command in-process, in the
+    order the requests were added (the command may drive the engine through generate or its own step loop)."""
+    added, final, add_request, step = [], {}, LLMEngine.add_request, LLMEngine.step
 
-    def recording(self, *args, **kwargs):
-        outputs = generate(self, *args, **kwargs)
-        seen.extend(outputs)
+    def recording_add(self, *args, **kwargs):
+        added.append(add_request(self, *args, **kwargs))
+        return added[-1]
+
+    def recording_step(self):
+        outputs = step(self)
+        final.update((o.request_id, o) for o in outputs if o.finished)
         return outputs
-    monkeypatch.setattr(LLMEngine, "generate", recording)
-    return seen
+    monkeypatch.setattr(LLMEngine, "add_request", recording_add)
+    monkeypatch.setattr(LLMEngine, "step", recording_step)
+
+    class Outputs:
+        def __iter__(self):
+            return iter([final[request_id] for request_id in added])
+    return Outputs()
 
 
 def generate_command(capsys, *argv):

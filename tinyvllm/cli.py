@@ -231,10 +231,9 @@ def _checked_specs(args) -> list[PromptSpec]:
     a bad line of a prompts file fails only that line."""
     specs = read_prompt_specs(args.prompt, args.prompts_file, args.prompts_format)
     for spec in specs:
-        if spec.error is None:
-            if not spec.overrides:  # only the flags decide: their error is everyone's
-                spec.params = _sampling_params(args, {}, "invalid sampling parameters")
-                continue
+        if spec.error is None and not spec.overrides:  # only the flags decide: their error is everyone's
+            spec.params = _sampling_params(args, {}, "invalid sampling parameters")
+        elif spec.error is None:
             try:
                 spec.params = _sampling_params(args, spec.overrides, spec.source)
             except TinyVLLMError as e:
