@@ -14,3 +14,10 @@ def poisoned(shape, dtype):
     fill = {np.dtype(np.float32): POISON_F32, np.dtype(np.uint16): POISON_U16,
             np.dtype(np.int32): POISON_I32, np.dtype(np.int64): np.int64(-12345)}[dtype]
     return cuda.to_device(np.full(shape, fill, dtype=dtype))
+
+
+def hf_log_softmax(golden) -> np.ndarray:
+    """Row p: the log-distribution of the token after position p, from HF's logits in a golden file (float64)."""
+    x = golden["logits"].astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))

@@ -13,6 +13,7 @@ from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 from tinyvllm.model import load_model
 from tinyvllm.sampling_params import InvalidSamplingParams, SamplingParams
+from tests.helpers import hf_log_softmax
 
 ATOL = 1e-4
 
@@ -30,12 +31,6 @@ def goldens():
 def engine(model, **options) -> LLMEngine:
     options = {"num_blocks": 64, "block_size": 4, **options}
     return LLMEngine(model, EngineConfig(**options), log=lambda message: None)
-
-
-def hf_log_softmax(golden) -> np.ndarray:
-    x = golden["logits"].astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
 
 
 def assert_top(entry: dict, row: np.ndarray, own: int, n: int):

@@ -13,6 +13,7 @@ from tinyvllm.evaluation.backends import EngineBackend, Failure, Generation, Gen
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 from tinyvllm.model import load_model
 from tinyvllm.sampling_params import SamplingParams
+from tests.helpers import hf_log_softmax
 
 ATOL = 3e-4
 
@@ -29,13 +30,6 @@ def goldens():
 
 def engine(model, **options) -> LLMEngine:
     return LLMEngine(model, EngineConfig(**{"num_blocks": 64, "block_size": 4, **options}), log=lambda m: None)
-
-
-def hf_log_softmax(golden) -> np.ndarray:
-    """Row p: HF's log-distribution of the token after position p."""
-    x = golden["logits"].astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
 
 
 def collect(run, jobs):

@@ -11,12 +11,7 @@ from tinyvllm.demo import DEMO_MODEL_DIR  # noqa: E402
 from tinyvllm.evaluation.backends import Failure, LoglikelihoodJob  # noqa: E402
 from tinyvllm.evaluation.hf_scoring import HFBackend, load_hf_model  # noqa: E402
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens  # noqa: E402
-
-
-def hf_log_softmax(golden) -> np.ndarray:
-    x = golden["logits"].astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+from tests.helpers import hf_log_softmax  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 0.5)])
