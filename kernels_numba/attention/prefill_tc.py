@@ -30,7 +30,8 @@ from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_bf16_m16n8k16, pack_bf16x2
 from .paged_kv import _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
 
-TC_WARPS = 4        # warps per block: 64 (query, head) rows
+TC_WARPS = 8        # warps per block: 128 (query, head) rows (H200: 2.7 vs 3.4 ms at 4096 tokens with 4;
+                    # docs/bench/h200-round7-prefill-attention-variants.log)
 TC_KEY_TILE = 64    # keys per shared K/V tile
 ROW_PAD = 8         # bf16 per shared row of padding (16 bytes: ldmatrix rows in distinct banks)
 
