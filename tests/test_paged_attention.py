@@ -270,7 +270,7 @@ BF16_POOL_CASES = [
     ("chunked", "per_query", LAYOUTS[3]),
     ("decode", "decode_gqa", LAYOUTS[1]), ("shared_prefix", "decode_gqa", LAYOUTS[2]),
     ("decode", "flash_decode", LAYOUTS[2]), ("chunked", "flash_decode", LAYOUTS[1]),
-    ("chunked", "gqa", LAYOUTS[2]), ("whole_prompt", "gqa", LAYOUTS[3]),
+    ("chunked", "gqa", LAYOUTS[2]),
     ("shared_prefix", "tiled", LAYOUTS[1]),  # paged_attention_prefill (readable)
     ("decode", "split_keys", LAYOUTS[2])]
 
@@ -280,9 +280,8 @@ def test_bf16_pool_matches_ref_on_the_rounded_kv(rng, scenario, kernel, layout):
     _check(rng, scenario, *layout, kernel=kernel, kv_dtype=np.uint16)
 
 
-@pytest.mark.parametrize("kernel", ["decode_gqa", "flash_decode"])
-def test_bf16_pool_stable_when_every_naive_exp_overflows(rng, kernel):
-    scores = _check(rng, "chunked", 16, 4, 2, 12, score_offset=600.0, kernel=kernel, kv_dtype=np.uint16)
+def test_bf16_pool_stable_when_every_naive_exp_overflows(rng):
+    scores = _check(rng, "chunked", 16, 4, 2, 12, score_offset=600.0, kernel="decode_gqa", kv_dtype=np.uint16)
     assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
 
 
