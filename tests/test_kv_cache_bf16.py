@@ -19,7 +19,8 @@ import pytest
 import kernels_numba.rope as rope_module
 from kernels_numba.common import SIMULATOR
 from kernels_numba.kv_dtype import kv_encode_ref, kv_from_f32
-from tinyvllm.cli import _parser
+from tinyvllm.bench import config_from_args
+from tinyvllm.cli import _engine, _parser
 from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.model import load_model
 from tinyvllm.sampling_params import SamplingParams
@@ -106,8 +107,11 @@ def test_a_float32_cache_written_in_bf16_values_gives_the_bf16_cache_bit_for_bit
                                   runs["bfloat16"][1][0]["logits"].view(np.uint32))
 
 
-def test_check_goldens_and_generate_default_to_a_float32_cache():
+def test_check_goldens_and_generate_default_to_a_float32_cache_and_the_flag_reaches_the_engine():
     for command in ("check-goldens", "generate", "serve", "bench"):
         assert _parser().parse_args([command]).kv_cache_dtype == "float32"
-    assert _parser().parse_args(["generate", "--kv-cache-dtype", "bfloat16"]).kv_cache_dtype == "bfloat16"
     assert EngineConfig().kv_cache_dtype == "float32"
+    engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--kv-cache-dtype", "bfloat16"]))
+    assert engine.kv_pool.dtype == "bfloat16" and engine.kv_pool.layer(0)[1].dtype == np.uint16
+    bench = config_from_args(_parser().parse_args(["bench", "--kv-cache-dtype", "bfloat16"]))
+    assert bench.kv_cache_dtype == "bfloat16"
