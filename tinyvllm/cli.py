@@ -194,6 +194,8 @@ def _engine_args(p):
     e.add_argument("--no-chunked-prefill", action="store_true",
                    help="prefill each prompt in one step (default: chunks within the token budget)")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prefixes")
+    e.add_argument("--kv-cache-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="KV cache elements: float32 (the reference) or bfloat16 (half the memory and bytes read)")
 
 
 def _engine(args):
@@ -202,7 +204,8 @@ def _engine(args):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
         max_model_len=args.max_model_len, chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching)
+        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching,
+        kv_cache_dtype=args.kv_cache_dtype)
     return LLMEngine(args.model, config)
 
 

@@ -28,7 +28,7 @@ from kernels_numba.sampling import argmax, sample, suppress_tokens
 from .block_manager import BlockManager
 from .cuda_graphs import DecodeGraphs, PendingTokens
 from .errors import TinyVLLMError
-from .kv_pool import KVPool, default_num_blocks
+from .kv_pool import KV_CACHE_DTYPES, KVPool, default_num_blocks
 from .logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from .metrics import MetricsCollector, RequestMetrics
 from .model import LoadedModel, load_model, log_to_stderr
@@ -59,6 +59,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
     pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
     #                                       previous one's tokens back (see _InFlight)
+    kv_cache_dtype: str = "float32"       # or "bfloat16": the KV pool's elements (kv_pool.KVPool)
 
     def __post_init__(self):
         def check(ok, message):
@@ -71,6 +72,8 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+              f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
 
 @dataclass
@@ -177,10 +180,11 @@ class LLMEngine:
         num_blocks, why = config.num_blocks, "as configured"
         if num_blocks is None:
             num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, self.max_model_len,
-                                                 config.enable_prefix_caching, config.gpu_memory_fraction)
+                                                 config.enable_prefix_caching, config.gpu_memory_fraction,
+                                                 config.kv_cache_dtype)
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
-        self.kv_pool = KVPool(c, num_blocks, config.block_size)
+        self.kv_pool = KVPool(c, num_blocks, config.block_size, config.kv_cache_dtype)
         self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
@@ -204,7 +208,8 @@ class LLMEngine:
         self.last_batch: ForwardBatch | None = None
         self.num_steps = 0
         self._in_flight: _InFlight | None = None
-        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB: "
+        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {config.kv_cache_dtype} "
+            f"({self.kv_pool.bytes / 2**20:.1f} MiB: "
             f"{why}), max model len {self.max_model_len}")
 
     # ---- requests -------------------------------------------------------------------------------

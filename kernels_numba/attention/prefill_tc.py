@@ -6,7 +6,8 @@ tiles: prefill. First version (issue 15, item 3): simulator-tested, not yet time
   row r = query r // group of the tile, head kv_head * group + r % group, 16 rows per warp (one mma row tile).
   Q (scaled, rounded to bf16) goes to shared memory once and each warp keeps its A fragments for all of
   head_dim in registers. Per key tile of keys_per_tile positions (never past the tile's last query): the
-  block converts the tile's K and V rows (float32 pool, through the block table) to bf16 in shared memory;
+  block puts the tile's K and V rows (through the block table) in shared memory as bf16: a float32 pool's
+  rounded one element at a time, a bf16 pool's copied 16 bytes (8 bf16) at a time by cp.async, no rounding;
   each warp computes S = Q K^T for its 16 rows (ldmatrix of K as B: K [key][dim] is B "col"), masks keys
   past each row's position to -inf, and runs the online softmax on its registers: a lane holds two
   rows (g and g + 8) and two columns of each 8-key tile, so a row's max is the lane's own max then two
@@ -26,7 +27,8 @@ import numpy as np
 
 from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, cuda, jit, launch_stream
-from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_bf16_m16n8k16, pack_bf16x2, shfl_xor
+from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, ldmatrix_x4, ldmatrix_x4_trans,
+                   mma_bf16_m16n8k16, pack_bf16x2, shfl_xor)
 from .paged_kv import _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
 
@@ -61,9 +63,10 @@ def tc_queries_per_tile(group: int, warps: int | None = None) -> int:
 
 
 @functools.cache
-def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int, warps: int, keys_per_tile: int):
+def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int, warps: int, keys_per_tile: int,
+                                      bf16_pool: bool = False):
     """The kernel for one shape (compile-time sizes: fixed shared shapes, unrolled fragment loops, fragments and
-    accumulators in registers)."""
+    accumulators in registers) and pool dtype (bf16_pool: the key tile loader that copies bf16 rows as they are)."""
     assert head_dim % 16 == 0 and keys_per_tile % 16 == 0, (head_dim, keys_per_tile)
     rows = 16 * warps
     used_rows = (rows // group) * group  # rows past it: padding (the group does not divide the rows)
@@ -74,6 +77,43 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     dim_tiles = 2 * d_steps        # 8-dim output tiles
     padded_dim = head_dim + ROW_PAD
     minus_inf = np.float32(-math.inf)
+    chunks = head_dim // 8  # 16-byte pieces of a bf16 row
+
+    @jit(device=True)
+    def round_f32_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile):
+        """A float32 pool's key tile as bf16 in shared memory, one element per thread and step (zeros past key_len)."""
+        for i in range(tid, keys_per_tile * head_dim, threads):
+            j = i // head_dim
+            d = i % head_dim
+            key = key_start + j
+            k_value = np.float32(0.0)
+            v_value = np.float32(0.0)
+            if key < key_len:
+                slot = block_tables[seq, key // block_size] * block_size + key % block_size
+                k_value = k_rows[slot, column + d]
+                v_value = v_rows[slot, column + d]
+            k_tile[0, j, d] = f32_to_bf16(k_value)
+            v_tile[0, j, d] = f32_to_bf16(v_value)
+
+    @jit(device=True)
+    def copy_bf16_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile):
+        """A bf16 pool's key tile into shared memory as it is: 16-byte cp.async copies (zero-filled past key_len),
+        waited for here."""
+        for i in range(tid, keys_per_tile * chunks, threads):
+            j = i // chunks
+            d = 8 * (i % chunks)
+            key = key_start + j
+            slot = 0  # past key_len: a valid address, nothing read (0 source bytes)
+            size = 0
+            if key < key_len:
+                slot = block_tables[seq, key // block_size] * block_size + key % block_size
+                size = 16
+            cp_async_16(k_tile, 0, j, d, k_rows, slot, column + d, size)
+            cp_async_16(v_tile, 0, j, d, v_rows, slot, column + d, size)
+        cp_async_commit()
+        cp_async_wait_all()
+
+    load_kv_tile = copy_bf16_tile if bf16_pool else round_f32_tile
 
     @jit
     def kernel(q, k_rows, v_rows, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out):
@@ -119,19 +159,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 acc[j, e] = np.float32(0.0)
 
         for key_start in range(0, key_len, keys_per_tile):
-            # 1. the tile's K and V rows, float32 -> bf16, into shared memory (zeros past key_len)
-            for i in range(tid, keys_per_tile * head_dim, threads):
-                j = i // head_dim
-                d = i % head_dim
-                key = key_start + j
-                k_value = np.float32(0.0)
-                v_value = np.float32(0.0)
-                if key < key_len:
-                    slot = block_tables[seq, key // block_size] * block_size + key % block_size
-                    k_value = k_rows[slot, column + d]
-                    v_value = v_rows[slot, column + d]
-                k_tile[0, j, d] = f32_to_bf16(k_value)
-                v_tile[0, j, d] = f32_to_bf16(v_value)
+            # 1. the tile's K and V rows as bf16 into shared memory (zeros past key_len)
+            load_kv_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile)
             cuda.syncthreads()
             # 2. S = Q K^T for this warp's 16 rows: 8-key tiles n, k steps over head_dim
             for n in range(key_tiles):
@@ -232,7 +261,8 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
                                tiles: PrefillTiles | None = None, warps: int | None = None,
                                keys_per_tile: int | None = None):
     """paged_attention_prefill's contract on tensor cores (bf16 q * scale, K, V and P into the mmas, float32
-    accumulation and softmax). head_dim a multiple of 16; the group at most warps x 16 rows. Pass `tiles`
+    accumulation and softmax); the pools float32 (rounded to bf16 on the way in) or bf16 bits (copied). head_dim a
+    multiple of 16; the group at most warps x 16 rows. Pass `tiles`
     from build_prefill_tc_tiles (built once per step) to skip rebuilding them. Returns out."""
     num_tokens, n_heads, head_dim = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
@@ -248,7 +278,8 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
         f"tiles of {tiles.tokens.shape[1]} queries, prefill_tc wants {queries}: use build_prefill_tc_tiles")
     out = _output(q, out)
     if tiles.num_tiles > 0:
-        kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile)
+        kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile,
+                                                   k_pool.dtype == np.uint16)
         kernel[(tiles.num_tiles, n_kv_heads), 32 * warps, launch_stream()](
             q, *_pool_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
             np.float32(scale), out)

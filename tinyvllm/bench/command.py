@@ -45,7 +45,7 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
     engine_config = EngineConfig(
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
         num_blocks=cfg.num_blocks, gpu_memory_fraction=cfg.gpu_memory_fraction, max_model_len=max_model_len,
-        enable_prefix_caching=cfg.enable_prefix_caching)
+        enable_prefix_caching=cfg.enable_prefix_caching, kv_cache_dtype=cfg.kv_cache_dtype)
     workloads = Workloads.make(cfg, c.vocab_size, max_model_len)
     engines = EngineFactory(model, engine_config, log)
     if cfg.warmup and not cfg.hf_only:

@@ -53,6 +53,7 @@ class BenchConfig:
     gpu_memory_fraction: float = 0.5
     max_model_len: int | None = None      # None: what the workloads need, capped by the model
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "float32"       # or "bfloat16"
     # a running server instead of an in-process engine (http_runs.py)
     base_url: str | None = None           # e.g. http://127.0.0.1:8000
     max_concurrency: int | None = None    # requests in flight at most (None: no limit)
@@ -174,6 +175,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-model-len", type=int, metavar="N", help="default: what the workloads need")
     e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse KV blocks of shared prefixes")
+    e.add_argument("--kv-cache-dtype", choices=("float32", "bfloat16"), default=d.kv_cache_dtype,
+                   help="KV cache elements (default: %(default)s; bfloat16: half the memory and bytes read)")
     h = p.add_argument_group("a running server (--base-url): the serving / throughput workloads over HTTP")
     h.add_argument("--base-url", metavar="URL",
                    help="an OpenAI-compatible server (tinyvllm serve, vLLM): send the workloads there as streamed "
