@@ -28,6 +28,8 @@ from kernels_numba.sampling import argmax, sample, suppress_tokens
 from .block_manager import BlockManager
 from .cuda_graphs import DecodeGraphs, PendingTokens
 from .errors import TinyVLLMError
+from .config import PRECISIONS
+from .kernel_plan import resolve_precision
 from .kv_pool import KVPool, default_num_blocks
 from .logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from .metrics import MetricsCollector, RequestMetrics
@@ -59,6 +61,8 @@ class EngineConfig:
     cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
     pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
     #                                       previous one's tokens back (see _InFlight)
+    precision: str = "auto"               # "fp32" (the reference), "fast" (bf16 activations into tensor cores),
+    #                                       "auto": fast on a GPU with bf16 weights (kernel_plan.resolve_precision)
 
     def __post_init__(self):
         def check(ok, message):
@@ -71,6 +75,7 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
+        check(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
 
 @dataclass
@@ -181,7 +186,8 @@ class LLMEngine:
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
         self.kv_pool = KVPool(c, num_blocks, config.block_size)
-        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq)
+        self.precision = resolve_precision(config.precision, self.model.weights.embed_tokens.dtype)
+        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq, precision=self.precision)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
@@ -205,7 +211,7 @@ class LLMEngine:
         self.num_steps = 0
         self._in_flight: _InFlight | None = None
         log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB: "
-            f"{why}), max model len {self.max_model_len}")
+            f"{why}), max model len {self.max_model_len}, precision {self.precision}")
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
