@@ -66,8 +66,24 @@ class TileShape:
         assert self.shared_bytes() <= 48 * 1024, f"{self}: {self.shared_bytes()} B of static shared memory (48 KB)"
 
 
-# Chosen by scripts/sweep_tc_gemm.py (not yet run on the H200: a plain 128 x 128 tile, 4 warps of 64 x 64, until then).
-DEFAULT_TILE = TileShape()
+# Chosen by scripts/sweep_tc_gemm.py on the H200 (docs/bench/h200-round7-sweep_tc_gemm.log, Llama-3.2-1B's four
+# projections at 128, 1024 and 4096 tokens): the best geometric mean over the 12 cases. `tile_for` picks per GEMM.
+DEFAULT_TILE = TileShape(64, 128, 32, 2, 2, 3)
+LARGE_TILE = TileShape(128, 128, 32, 2, 2, 2)   # best where its blocks fill the GPU twice over (4096 tokens)
+SMALL_TILE = TileShape(64, 64, 32, 2, 2, 4)     # best where even DEFAULT_TILE's blocks do not fill it once (128)
+H200_SMS = 132
+
+
+def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> TileShape:
+    """The largest tile that still keeps every SM busy: the sweep's winner in each of its 12 cases (a 128 x 128
+    tile at 192 blocks lost to 64 x 128 at 384; 64 x 128 at 48 blocks lost to 64 x 64 at 96)."""
+    def blocks(tile: TileShape) -> int:
+        return cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
+    if blocks(LARGE_TILE) >= 2 * sm_count:
+        return LARGE_TILE
+    if blocks(DEFAULT_TILE) >= sm_count:
+        return DEFAULT_TILE
+    return SMALL_TILE
 
 
 @functools.cache
