@@ -21,7 +21,7 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 
 tc_min_rows() is the GEMV crossover: gemv_coalesced serves up to MAX_COALESCED_TOKENS rows on a GPU, so the
 tensor cores take over where gemm_blocked did; in the simulator every projection of 2 or more rows takes them (so
-the demo model's prefill runs the fast kernels there, with small tiles: tc_tile()).
+the demo model's prefill runs the fast kernels there, with small tiles: tc_tile).
 
 Why no ResidualEpilogue behind o_proj and down_proj: an RMSNorm reads the sum right after, over whole rows, so
 it is a launch either way; gemm_tc + epilogue + rmsnorm moves the same 20 bytes a value as gemm_tc + add_rmsnorm
@@ -35,7 +35,6 @@ as bf16 directly (silu_mul_bf16): it is no stage output.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +43,8 @@ from kernels_numba import gemm_tc as _gemm_tc
 from kernels_numba import matmul as _matmul
 from kernels_numba.activation import silu_mul, silu_mul_bf16
 from kernels_numba.attention import build_prefill_gqa_tiles
-from kernels_numba.attention.prefill_tc import TC_KEY_TILE, TC_WARPS, build_prefill_tc_tiles, paged_attention_prefill_tc
+from kernels_numba.attention import prefill_tc as _prefill_tc
+from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
 from kernels_numba.common import SIMULATOR
 from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc
 
@@ -71,9 +71,10 @@ def resolve_precision(requested: str, weight_dtype) -> str:
     return requested
 
 
-def tc_tile() -> TileShape:
-    """gemm_tc's tile: gemm_tc.DEFAULT_TILE on a GPU (read at each call: the sweep sets it), small in the simulator."""
-    return SIMULATOR_TILE if SIMULATOR else _gemm_tc.DEFAULT_TILE
+def tc_tile(rows: int, out_features: int) -> TileShape:
+    """gemm_tc's tile for an output of rows x out_features: gemm_tc.tile_for's choice on a GPU (from the H200 sweep),
+    SIMULATOR_TILE in the simulator."""
+    return SIMULATOR_TILE if SIMULATOR else _gemm_tc.tile_for(rows, out_features)
 
 
 def tc_min_rows() -> int:
@@ -81,13 +82,10 @@ def tc_min_rows() -> int:
     return 2 if SIMULATOR else _matmul.MAX_COALESCED_TOKENS + 1
 
 
-def tc_attention_shape(group: int) -> tuple[int, int]:
-    """(warps, keys per tile) of prefill_tc for a GQA group: warps x 16 rows must be a multiple of the group
-    (SmolLM2's group of 3: 3 warps); the simulator's narrowest block, a GPU's nearest to TC_WARPS."""
-    unit = group // math.gcd(group, 16)  # the fewest warps whose rows the group divides
-    if SIMULATOR:
-        return unit, SIMULATOR_ATTENTION_KEYS
-    return unit * max(1, round(TC_WARPS / unit)), TC_KEY_TILE
+def tc_attention_shape() -> tuple[int, int]:
+    """(warps, keys per tile) of prefill_tc: its defaults on a GPU (read at each call, as the sweeps set them), the
+    narrowest block in the simulator."""
+    return (1, SIMULATOR_ATTENTION_KEYS) if SIMULATOR else (_prefill_tc.TC_WARPS, _prefill_tc.TC_KEY_TILE)
 
 
 @dataclass(frozen=True)
@@ -116,7 +114,7 @@ class KernelPlan:
     def project(self, x, w):
         """y = x @ W.T with the kernel projection_name names (x float32 or, for gemm_tc, uint16 bf16 bits)."""
         if self.uses_tensor_cores(x.shape[0], x.shape[1]):
-            return gemm_tc(x, w, tile=tc_tile())
+            return gemm_tc(x, w, tile=tc_tile(x.shape[0], w.shape[0]))
         return _matmul.linear(x, w)
 
     def swiglu_name(self, rows: int, intermediate: int) -> str:
@@ -131,20 +129,20 @@ class KernelPlan:
     # ---- prefill attention ----
     @property
     def tc_attention(self) -> bool:
-        return self.fast and self.head_dim % 16 == 0
+        return self.fast and self.head_dim % 16 == 0 and self.group <= 16 * tc_attention_shape()[0]
 
     def prefill_tiles(self, query_seq, positions):
         """The query tiles a step with prefill chunks needs (built once, host side, for all layers); None when its
         attention builds none (the simulator's per_query)."""
         if self.tc_attention:
-            return build_prefill_tc_tiles(query_seq, positions, self.group, tc_attention_shape(self.group)[0])
+            return build_prefill_tc_tiles(query_seq, positions, self.group, tc_attention_shape()[0])
         return None if SIMULATOR else build_prefill_gqa_tiles(query_seq, positions, self.head_dim, self.group)
 
     def prefill_attention(self, block_tables, query_seq, positions, scale, tiles):
         """(q, k_pool, v_pool) -> out on tensor cores, and its name; None when this plan has none."""
         if not self.tc_attention:
             return None
-        warps, keys = tc_attention_shape(self.group)
+        warps, keys = tc_attention_shape()
 
         def tc(q, k_pool, v_pool):
             return paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, positions, scale,
