@@ -2,10 +2,10 @@
 
     out[m, n] = sum_k bf16(x[m, k]) * bf16(w[n, k])        x [M, K], w_bits u16 [N, K], out f32 [M, N]
 
-Activations enter as a bf16 buffer (uint16 [M, K]): the mma takes bf16, and the path that will feed it
-(issue 15's bf16 forward) produces bf16 activations. `gemm_tc` also takes float32 x and rounds it to bf16
-(nearest even) in one launch first (`to_bf16_rows`, 6 bytes a value of extra traffic: ~1 % of a
-prefill-size GEMM's time); weights are read as stored.
+Activations enter as a bf16 buffer (uint16 [M, K]): the mma takes bf16 (the fast precision,
+tinyvllm/kernel_plan.py, feeds it the SwiGLU gate's output as bf16 directly: activation.silu_mul_bf16).
+`gemm_tc` also takes float32 x and rounds it to bf16 (nearest even) in one launch first (`to_bf16_rows`, 6 bytes
+a value of extra traffic: ~1 % of a prefill-size GEMM's time); weights are read as stored.
 
 A block owns a block_m x block_n tile of out (tokens along y, features along x: neighbouring blocks
 share x's rows), `warps_m x warps_n` warps each a (block_m / warps_m) x (block_n / warps_n) part of it, made
