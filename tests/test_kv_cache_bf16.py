@@ -22,6 +22,7 @@ from kernels_numba.kv_dtype import kv_encode_ref, kv_from_f32
 from tinyvllm.bench import config_from_args
 from tinyvllm.cli import _engine, _parser
 from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.kv_pool import resolve_kv_cache_dtype
 from tinyvllm.model import load_model
 from tinyvllm.sampling_params import SamplingParams
 
@@ -109,8 +110,12 @@ def test_a_float32_cache_written_in_bf16_values_gives_the_bf16_cache_bit_for_bit
 
 def test_check_goldens_and_generate_default_to_a_float32_cache_and_the_flag_reaches_the_engine():
     for command in ("check-goldens", "generate", "serve", "bench"):
-        assert _parser().parse_args([command]).kv_cache_dtype == "float32"
-    assert EngineConfig().kv_cache_dtype == "float32"
+        assert _parser().parse_args([command]).kv_cache_dtype == "auto"
+    assert EngineConfig().kv_cache_dtype == "auto"
+    # auto: float32 on the reference path (the simulator's auto precision), bfloat16 with the fast one
+    assert resolve_kv_cache_dtype("auto", "fp32") == "float32" and resolve_kv_cache_dtype("auto", "fast") == "bfloat16"
+    assert resolve_kv_cache_dtype("float32", "fast") == "float32"
+    assert _engine(_parser().parse_args(["generate", "--num-blocks", "4"])).kv_pool.dtype == "float32"
     engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--kv-cache-dtype", "bfloat16"]))
     assert engine.kv_pool.dtype == "bfloat16" and engine.kv_pool.layer(0)[1].dtype == np.uint16
     bench = config_from_args(_parser().parse_args(["bench", "--kv-cache-dtype", "bfloat16"]))
