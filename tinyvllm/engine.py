@@ -258,6 +258,7 @@ class LLMEngine:
         del self._requests[request_id]
         if request.seq is not None:
             self._by_seq_id.pop(request.seq.seq_id, None)
+            request.seq.data = None  # request <-> sequence: without the cycle, reference counting frees both
         self.metrics.forget(request_id)
 
     def prepare_prompt(self, prompt: str | list[int] | list[dict],
