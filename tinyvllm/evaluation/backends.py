@@ -13,6 +13,7 @@ while the prompt's blocks are still in the prefix cache, and memory stays flat o
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -48,8 +49,10 @@ class Failure:
 OnDone = Callable[[int, object], None]
 
 
+@functools.lru_cache(maxsize=4096)
 def next_token_params(token_ids: tuple[int, ...]) -> SamplingParams:
-    """One greedy step that reports `token_ids`' log-probabilities at the next position."""
+    """One greedy step that reports `token_ids`' log-probabilities at the next position. Cached: every MMLU
+    question asks for the same letters, and SamplingParams (frozen) is checked field by field when made."""
     return SamplingParams(temperature=0.0, max_tokens=1, logprob_token_ids=tuple(token_ids))
 
 
