@@ -9,8 +9,13 @@
    `lm_eval --model local-completions --model_args model=...,base_url=http://127.0.0.1:P/v1/completions,
    tokenizer=DIR,tokenized_requests=True --tasks tinyvllm_mmlu --include_path OUT/lm_eval_task --log_samples`
    scores them through HTTP (/v1/completions with token-id prompts, echo, logprobs=1).
-4. Accuracies and each question's choice log-likelihoods are compared (same --score-tol reasoning as
-   scripts/eval_compare_hf.py, here the same engine on both sides: 1e-4). Writes OUT/lm_eval_check.json.
+4. Accuracies and each question's choice log-likelihoods are compared. PASS: every question scored by both, every
+   choice's log-likelihood within --score-tol, the same answer except where lm-eval's top two are within --margin
+   nats, and lm-eval's own reported accuracy equal to tinyvllm eval's up to those near ties. The same engine
+   runs both sides, but not the same batches: in the simulator the scores are equal (the default 1e-4 is loose);
+   on a GPU a step's kernels depend on its size (GEMV or GEMM, tiles), so float32 sums round differently and
+   scripts/lm_eval_h200.sh uses eval_compare_hf.py's bounds (--score-tol 2e-2, --margin 5e-3). Writes
+   OUT/lm_eval_check.json.
 
 Needs `pip install "lm-eval[api]"` (datasets, tenacity, aiohttp) and `tinyvllm serve`; --model must be an HF directory
 (lm-eval loads its tokenizer with transformers; `tinyvllm convert` a GGUF first).
@@ -109,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subset", help="exactly these questions instead of --limit (tinyvllm eval --subset FILE)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--score-tol", type=float, default=1e-4)
+    p.add_argument("--score-tol", type=float, default=1e-4, help="largest allowed |score difference|, nats")
+    p.add_argument("--margin", type=float, default=5e-3, help="near-tie margin, nats (lm-eval's top two)")
     p.add_argument("--serve-args", default="", help="extra `tinyvllm serve` flags, e.g. '--num-blocks 64'")
     p.add_argument("--startup-seconds", type=float, default=300)
     p.add_argument("--lm-eval-path", default="", help="extra sys.path entry for lm_eval only (a pip --target dir)")
@@ -121,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     from tinyvllm.evaluation.tasks import load_mmlu
 
     selection = ["--subset", args.subset] if args.subset else ["--limit", str(args.limit), "--seed", str(args.seed)]
-    rc = tinyvllm_main(["eval", "--model", args.model, "--tasks", "mmlu", *selection, "--max-context", str(args.max_context), "--no-special-tokens",
-                        "--no-plot", "--out", str(out / "tinyvllm")])
+    rc = tinyvllm_main(["eval", "--model", args.model, "--tasks", "mmlu", *selection, "--max-context",
+                        str(args.max_context), "--no-special-tokens", "--no-plot", "--out", str(out / "tinyvllm")])
     ours = json.loads((out / "tinyvllm" / "results.json").read_text())
     items = {i["id"]: i for i in ours["items"] if i["status"] == "ok"}
     by_id = {q.id: q for q in load_mmlu()}
@@ -153,23 +159,38 @@ def main(argv: list[str] | None = None) -> int:
     if lm_rc != 0:
         print(f"lm_eval failed ({lm_rc})")
         return 1
-    theirs = lm_eval_samples(out / "lm_eval")
-    acc_lm_eval, counted = lm_eval_accuracy(out / "lm_eval")
-    diffs = {i: max(abs(a - b) for a, b in zip(items[i]["scores"], theirs[i])) for i in items if i in theirs}
-    differ = sorted(i for i in diffs if "ABCD"[best(theirs[i])] != items[i]["prediction"])
-    acc_ours = sum(items[i]["correct"] for i in items) / max(1, len(items))
-    report = {"questions": len(items), "scored_by_lm_eval": len(diffs), "counted_by_lm_eval": counted,
-              "same_answer": len(diffs) - len(differ), "different_answers": differ,
-              "max_score_diff": max(diffs.values(), default=None), "score_tol": args.score_tol,
-              "accuracy_tinyvllm_eval": acc_ours, "accuracy_lm_eval": acc_lm_eval,
-              "accuracy_from_lm_eval_scores": sum(best(theirs[i]) == by_id[i].answer for i in diffs) / max(1, len(diffs)),
-              "tinyvllm_eval_rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
-    report["passed"] = (rc == 0 and len(items) > 0 and len(diffs) == counted == len(items) and not differ
-                        and abs(acc_lm_eval - acc_ours) < 1e-12 and report["max_score_diff"] <= args.score_tol)
+    report = compare(out, args.score_tol, args.margin)
+    report.update(tinyvllm_eval_rc=rc, seconds=round(time.perf_counter() - t0, 1))
+    report["passed"] = report["passed"] and rc == 0
     (out / "lm_eval_check.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
     print("PASS" if report["passed"] else "FAIL")
     return 0 if report["passed"] else 1
+
+
+def compare(out: Path, score_tol: float, margin: float) -> dict:
+    """tinyvllm eval's results (OUT/tinyvllm) against lm-eval's (OUT/lm_eval), on the questions both ran."""
+    from tinyvllm.evaluation.scoring import top_two_margin
+    from tinyvllm.evaluation.tasks import load_mmlu
+    ours = json.loads((out / "tinyvllm" / "results.json").read_text())
+    items = {i["id"]: i for i in ours["items"] if i["status"] == "ok"}
+    answers = {q.id: q.answer for q in load_mmlu() if q.id in items}
+    theirs = lm_eval_samples(out / "lm_eval")
+    acc_lm_eval, counted = lm_eval_accuracy(out / "lm_eval")
+    diffs = {i: max(abs(a - b) for a, b in zip(items[i]["scores"], theirs[i])) for i in items if i in theirs}
+    differ = sorted(i for i in diffs if "ABCD"[best(theirs[i])] != items[i]["prediction"])
+    near_ties = [i for i in differ if top_two_margin(theirs[i]) < margin]
+    acc_ours = sum(items[i]["correct"] for i in items) / max(1, len(items))
+    report = {"questions": len(items), "scored_by_lm_eval": len(diffs), "counted_by_lm_eval": counted,
+              "same_answer": len(diffs) - len(differ), "different_answers": differ,
+              "different_near_ties": near_ties, "margin": margin,
+              "max_score_diff": max(diffs.values(), default=None), "score_tol": score_tol,
+              "accuracy_tinyvllm_eval": acc_ours, "accuracy_lm_eval": acc_lm_eval,
+              "accuracy_from_lm_eval_scores": sum(best(theirs[i]) == answers[i] for i in diffs) / max(1, len(diffs))}
+    report["passed"] = (len(items) > 0 and len(diffs) == counted == len(items) and len(near_ties) == len(differ)
+                        and report["max_score_diff"] <= score_tol
+                        and abs(acc_lm_eval - acc_ours) * len(items) <= len(near_ties) + 1e-9)
+    return report
 
 
 def best(scores: list[float]) -> int:
