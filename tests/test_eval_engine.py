@@ -99,9 +99,9 @@ def test_generation_adapter_gives_the_engines_greedy_text(model):
 
 
 def test_scoring_leaves_no_reference_cycles_per_request(model):
-    """run_task scores with the cyclic garbage collector off (runner.without_cyclic_gc): what the engine and the
-    backend make per request must be freed by reference counting alone, so the garbage a collection finds
-    afterwards does not grow with the number of requests (a fixed few: the run's own closures)."""
+    """EngineBackend scores with the cyclic garbage collector off (backends.without_cyclic_gc): what the engine
+    and the backend make per request must be freed by reference counting alone, so the garbage a collection
+    finds afterwards does not grow with the number of requests (a fixed few: the run's own closures)."""
     backend = EngineBackend(engine(model))
 
     def jobs(n):

@@ -8,8 +8,6 @@ max_gen_tokens) is not run: its item gets status too_long and is listed in the r
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 from dataclasses import dataclass, field
 
@@ -149,36 +147,16 @@ def run_task(prepared: PreparedTask, selected: list[int], config: EvalConfig, ba
         progress.advance(1, result.prompt_tokens)
 
     start = time.perf_counter()
-    with without_cyclic_gc():
-        if generative:
-            jobs = [GenerationJob(prepared.prompt_ids[selected[r]], prepared.messages[selected[r]],
-                                  config.answer_prefix) for r in runnable]
-            backend.generate(jobs, config.max_gen_tokens, config.stop, on_done)
-        else:
-            backend.loglikelihoods([LoglikelihoodJob(prepared.prompt_ids[selected[r]], conts[r]) for r in runnable],
-                                   on_done)
+    if generative:
+        jobs = [GenerationJob(prepared.prompt_ids[selected[r]], prepared.messages[selected[r]], config.answer_prefix)
+                for r in runnable]
+        backend.generate(jobs, config.max_gen_tokens, config.stop, on_done)
+    else:
+        backend.loglikelihoods([LoglikelihoodJob(prepared.prompt_ids[selected[r]], conts[r]) for r in runnable],
+                               on_done)
     seconds = time.perf_counter() - start
     progress.close()
     return TaskRun(prepared, selected, results, seconds, backend.stats())
-
-
-@contextlib.contextmanager
-def without_cyclic_gc():
-    """No cyclic garbage collection while scoring. Its full collections walk every object alive (the questions,
-    every prompt's token ids: millions) again and again, and its young ones run every few hundred allocations;
-    scripts/eval_profile.py measured them at over half the host time of scoring. Nothing piles up meanwhile: the
-    engine's per-request objects hold no reference cycles (release_request breaks the request <-> sequence
-    one; tests/test_eval_engine.py checks), so reference counting frees them. Afterwards the collector runs
-    as before over everything, the objects frozen here included."""
-    enabled = gc.isenabled()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-        gc.unfreeze()
 
 
 def continuation_ids(tokenizer, texts: list[str], prompt_ids: list[list[int]], continuations: tuple[str, ...],
