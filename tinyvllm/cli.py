@@ -164,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="MMLU / GPQA-diamond accuracy of a model or an OpenAI-compatible server")
     _engine_args(e)
     evaluation_cli.add_arguments(e)
-    e.set_defaults(run=evaluation_cli.run, max_num_seqs=32, max_num_batched_tokens=4096)
+    # scoring is prefill-bound: big steps (the settings of the H200 runs in docs/eval.md; eval_profile.py --sweep)
+    e.set_defaults(run=evaluation_cli.run, max_num_seqs=256, max_num_batched_tokens=16384)
 
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")

@@ -271,6 +271,7 @@ class LLMEngine:
         del self._requests[request_id]
         if request.seq is not None:
             self._by_seq_id.pop(request.seq.seq_id, None)
+            request.seq.data = None  # request <-> sequence: without the cycle, reference counting frees both
         self.metrics.forget(request_id)
 
     def prepare_prompt(self, prompt: str | list[int] | list[dict],
@@ -440,6 +441,8 @@ class LLMEngine:
             if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
                 text = self.tokenizer.apply_chat_template(list(prompt))
                 return text, self.tokenizer.encode(text, add_special_tokens=False), None
+            if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+                return None, list(prompt), None  # plain ids (an eval submits ~14k): no numpy round trip
             ids = [int(t) for t in np.asarray(prompt, dtype=np.int64).reshape(-1)]
             return None, ids, None
         except TinyVLLMError as e:
@@ -466,17 +469,25 @@ class LLMEngine:
         return max(1, min(params.max_tokens, self.max_model_len - len(ids)))
 
     def _build_batch(self, schedule: SchedulerOutput) -> tuple[ForwardBatch, LogitsPlan]:
-        token_ids, positions, query_seq, slots = [], [], [], []
+        token_ids, starts, counts = [], [], []
         plan = LogitsPlan()
-        for row, s in enumerate(schedule.scheduled):
+        for s in schedule.scheduled:
             plan.add_chunk(s.seq.data, len(token_ids), s.start, s.end, s.seq.num_prompt_tokens, s.samples)
             token_ids += s.token_ids
-            positions += range(s.start, s.end)
-            query_seq += [row] * s.num_new_tokens
-            slots += self.block_manager.slots(s.seq, s.start, s.end)
+            starts.append(s.start)
+            counts.append(s.num_new_tokens)
         tables = [s.seq.block_table for s in schedule.scheduled]
         width = max(map(len, tables))
         block_tables = np.array([t + [-1] * (width - len(t)) for t in tables], np.int32)
+        # positions, rows and slots of every token at once (numpy: a prefill step has thousands of tokens):
+        # token i of row r sits at position start_r + (i - first token of r), slot = table[p // bs] * bs + p % bs
+        counts = np.array(counts, np.int64)
+        query_seq = np.repeat(np.arange(len(counts)), counts)
+        first = np.cumsum(counts) - counts
+        positions = np.arange(len(token_ids)) + np.repeat(np.array(starts, np.int64) - first, counts)
+        bs = self.block_manager.block_size
+        slots = block_tables[query_seq, positions // bs].astype(np.int64) * bs + positions % bs
+        assert slots.min() >= 0, "a scheduled token has no KV block"
         return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, plan.rows), plan
 
     def _sample(self, logits, seqs: list[Sequence], greedy_ids=None) -> list[int]:
