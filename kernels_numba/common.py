@@ -205,6 +205,13 @@ def grid_stride_launch(n_items: int, threads_per_block: int = 256) -> tuple[int,
     return max(1, cdiv(n_items, threads_per_block)), threads_per_block
 
 
+def rows_launch(n_rows: int, n_cols: int, threads_per_block: int = 256) -> tuple[tuple[int, int], int]:
+    """((blocks x, blocks y), threads) for a kernel that strides rows over the grid's y and columns over its x."""
+    if SIMULATOR:
+        return (SIMULATOR_GRID[0], 2), SIMULATOR_GRID[1]
+    return (max(1, cdiv(n_cols, threads_per_block)), max(1, min(n_rows, 65535))), threads_per_block
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -3,7 +3,7 @@ import pytest
 
 import ml_dtypes
 
-from kernels_numba.activation import (residual_add, residual_add_ref, silu_mul, silu_mul_bf16, silu_mul_ref,
+from kernels_numba.activation import (residual_add, residual_add_ref, silu_mul, silu_mul_bf16, silu_mul_gate_up, silu_mul_ref,
                                  silu_ref)
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
@@ -44,6 +44,20 @@ def test_silu_mul_bf16_is_silu_mul_rounded_to_nearest_even(rng):
     assert got is out
     want = silu_mul(d[:, :40], d[:, 40:]).copy_to_host().astype(ml_dtypes.bfloat16).view(np.uint16)
     np.testing.assert_array_equal(got.copy_to_host(), want)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_silu_mul_gate_up_reads_the_halves_in_place(rng, bf16):
+    # The MLP's call: one gate|up output, gate its first half, up its second; equal bit for bit to silu_mul (_bf16)
+    # on the two halves (tested against numpy above), over more rows than the simulator's grid has block rows.
+    gate_up = (rng.standard_normal((7, 2 * 40)) * 4).astype(np.float32)
+    d = cuda.to_device(gate_up)
+    out = poisoned((7, 40), np.uint16 if bf16 else np.float32)
+    got = silu_mul_gate_up(d, out=out, bf16=bf16)
+    assert got is out
+    want = (silu_mul_bf16 if bf16 else silu_mul)(cuda.to_device(gate_up[:, :40].copy()),
+                                                cuda.to_device(gate_up[:, 40:].copy()))
+    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
 
 
 def test_silu_limits():

@@ -14,7 +14,7 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 |                                              |                                  | bf16 weights are the bytes)    |
 | q|k|v, o_proj, gate|up, the LM head's rows   | linear: gemm_blocked             | gemm_tc (x rounded to bf16 by  |
 | (projections of >= tc_min_rows() rows)       | (simulator: gemv)                | gemm_tc's to_bf16_rows)        |
-| silu(gate) * up, then down_proj              | silu_mul, linear                 | silu_mul_bf16, gemm_tc         |
+| silu(gate) * up, then down_proj              | silu_mul_gate_up, linear         | silu_mul_gate_up (bf16), gemm_tc |
 | RMSNorms, residual adds, RoPE + K/V write    | rmsnorm, add_rmsnorm, rope_qkv   | the same kernels               |
 | attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
 | attention, decode-only steps                 | decode_gqa, flash_decode (simulator: per_query): both precisions  |
@@ -31,7 +31,7 @@ the debugger and the golden check read in float32, so a float32 copy exists anyw
 value and a launch: at K 2048, 12 kB a token (3 ns at 4.3 TB/s) against 8-13 MFLOP (28-42 ns at ~300 TFLOP/s), 7-10 %
 of a projection (an estimate, not measured). Next step if it shows in a profile: rmsnorm / add_rmsnorm writing the
 bf16 copy beside the float32 one (2 bytes a value, no launch). The widest input, the gate's output (T x I), is written
-as bf16 directly (silu_mul_bf16): it is no stage output.
+as bf16 directly (silu_mul_gate_up(bf16=True)): it is no stage output.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import numpy as np
 
 from kernels_numba import gemm_tc as _gemm_tc
 from kernels_numba import matmul as _matmul
-from kernels_numba.activation import silu_mul, silu_mul_bf16
+from kernels_numba.activation import silu_mul_gate_up
 from kernels_numba.attention import build_prefill_gqa_tiles
 from kernels_numba.attention import prefill_tc as _prefill_tc
 from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
@@ -118,13 +118,14 @@ class KernelPlan:
         return _matmul.linear(x, w)
 
     def swiglu_name(self, rows: int, intermediate: int) -> str:
-        return "activation.silu_mul_bf16" if self.uses_tensor_cores(rows, intermediate) else "activation.silu_mul"
+        return ("activation.silu_mul_gate_up (bf16)" if self.uses_tensor_cores(rows, intermediate)
+                else "activation.silu_mul_gate_up")
 
-    def swiglu(self, gate, up):
-        """silu(gate) * up for down_proj: bf16 bits when down_proj runs on tensor cores, else float32."""
-        if self.uses_tensor_cores(gate.shape[0], gate.shape[1]):
-            return silu_mul_bf16(gate, up)
-        return silu_mul(gate, up)
+    def swiglu(self, gate_up):
+        """silu(gate) * up of the gate|up projection's output, for down_proj: bf16 bits when down_proj runs on tensor
+        cores, else float32."""
+        rows, intermediate = gate_up.shape[0], gate_up.shape[1] // 2
+        return silu_mul_gate_up(gate_up, bf16=self.uses_tensor_cores(rows, intermediate))
 
     # ---- prefill attention ----
     @property

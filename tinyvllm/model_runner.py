@@ -291,7 +291,7 @@ class ModelRunner:
 
             def mlp():
                 gate_up = linear(x, w.gate_up_proj)
-                return linear(plan.swiglu(gate_up[:, :I], gate_up[:, I:]), w.down_proj)
+                return linear(plan.swiglu(gate_up), w.down_proj)
             m = yield from _stage(name("mlp"), f"{matmul(H)} (gate|up in one) + {plan.swiglu_name(T, I)} + "
                                   f"{matmul(I)}", mlp, i)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else w_all.norm
