@@ -39,8 +39,10 @@ def model():
 
 def _generate(model, kv_cache_dtype, new_tokens=NEW_TOKENS):
     """(engine, one dict per step of every stage's output and its "slots") for PROMPT's greedy continuation."""
-    engine = LLMEngine(model, EngineConfig(num_blocks=16, block_size=4, kv_cache_dtype=kv_cache_dtype),
-                       log=lambda message: None)
+    # fp32 activations on a GPU too (auto would pick the fast path, whose prefill attention rounds K/V to bf16
+    # whatever the cache holds, so the two caches would give the same attention)
+    engine = LLMEngine(model, EngineConfig(num_blocks=16, block_size=4, kv_cache_dtype=kv_cache_dtype,
+                                           precision="fp32"), log=lambda message: None)
     engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
     steps = []
     while engine.has_unfinished_requests():
