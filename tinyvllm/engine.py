@@ -28,7 +28,9 @@ from kernels_numba.sampling import argmax, sample, suppress_tokens
 from .block_manager import BlockManager
 from .cuda_graphs import DecodeGraphs, PendingTokens
 from .errors import TinyVLLMError
-from .kv_pool import KV_CACHE_DTYPES, KVPool, default_num_blocks
+from .config import PRECISIONS
+from .kernel_plan import resolve_precision
+from .kv_pool import KV_CACHE_DTYPES, KVPool, default_num_blocks, resolve_kv_cache_dtype
 from .logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from .metrics import MetricsCollector, RequestMetrics
 from .model import LoadedModel, load_model, log_to_stderr
@@ -59,7 +61,10 @@ class EngineConfig:
     cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
     pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
     #                                       previous one's tokens back (see _InFlight)
-    kv_cache_dtype: str = "float32"       # or "bfloat16": the KV pool's elements (kv_pool.KVPool)
+    kv_cache_dtype: str = "auto"          # "float32", "bfloat16" (kv_pool.KVPool), or "auto": bfloat16 with the
+    #                                       fast precision, float32 with fp32 (kv_pool.resolve_kv_cache_dtype)
+    precision: str = "auto"               # "fp32" (the reference), "fast" (bf16 activations into tensor cores),
+    #                                       "auto": fast on a GPU with bf16 weights (kernel_plan.resolve_precision)
 
     def __post_init__(self):
         def check(ok, message):
@@ -72,8 +77,9 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
-        check(self.kv_cache_dtype in KV_CACHE_DTYPES,
-              f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES + ("auto",),
+              f"kv_cache_dtype must be auto or one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        check(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
 
 @dataclass
@@ -177,15 +183,17 @@ class LLMEngine:
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
         c = self.model.config
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
+        self.precision = resolve_precision(config.precision, self.model.weights.embed_tokens.dtype)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.precision)
         num_blocks, why = config.num_blocks, "as configured"
         if num_blocks is None:
             num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, self.max_model_len,
                                                  config.enable_prefix_caching, config.gpu_memory_fraction,
-                                                 config.kv_cache_dtype)
+                                                 self.kv_cache_dtype)
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
-        self.kv_pool = KVPool(c, num_blocks, config.block_size, config.kv_cache_dtype)
-        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq)
+        self.kv_pool = KVPool(c, num_blocks, config.block_size, self.kv_cache_dtype)
+        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq, precision=self.precision)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
@@ -208,9 +216,9 @@ class LLMEngine:
         self.last_batch: ForwardBatch | None = None
         self.num_steps = 0
         self._in_flight: _InFlight | None = None
-        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {config.kv_cache_dtype} "
+        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {self.kv_cache_dtype} "
             f"({self.kv_pool.bytes / 2**20:.1f} MiB: "
-            f"{why}), max model len {self.max_model_len}")
+            f"{why}), max model len {self.max_model_len}, precision {self.precision}")
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,

@@ -27,6 +27,16 @@ SIMULATOR_DEFAULT_BLOCKS = 256
 KV_CACHE_DTYPES = tuple(KV_DTYPES)  # "float32", "bfloat16"
 
 
+def resolve_kv_cache_dtype(kv_cache_dtype: str, precision: str) -> str:
+    """"auto" is bfloat16 with the fast precision (its attention reads bf16 anyway: half the bytes), float32 with
+    the fp32 reference path; an explicit dtype stays as given."""
+    assert precision in ("fp32", "fast"), precision
+    if kv_cache_dtype == "auto":
+        return "bfloat16" if precision == "fast" else "float32"
+    assert kv_cache_dtype in KV_CACHE_DTYPES, kv_cache_dtype
+    return kv_cache_dtype
+
+
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: str = "float32") -> int:
     """K and V of every layer for block_size tokens: 4 bytes an element in float32, 2 in bfloat16."""
     element_bytes = kv_storage_dtype(dtype).itemsize

@@ -1,6 +1,6 @@
 """Paged prefill attention on tensor cores: FlashAttention-2 with bf16 mma.sync (fp32 accumulation), a block
 per (query tile, KV head) for all the group's query heads. The math and the pool layout: paged_kv; the query
-tiles: prefill. First version (issue 15, item 3): simulator-tested, not yet timed or on the engine's path.
+tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/kernel_plan.py).
 
 - `paged_attention_prefill_tc`: paged_attention_prefill's contract. A block's rows are (query, head) pairs,
   row r = query r // group of the tile, head kv_head * group + r % group, 16 rows per warp (one mma row tile).
@@ -32,7 +32,8 @@ from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, ldmatrix_x4,
 from .paged_kv import _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
 
-TC_WARPS = 4        # warps per block: 64 (query, head) rows
+TC_WARPS = 8        # warps per block: 128 (query, head) rows (H200: 2.7 vs 3.4 ms at 4096 tokens with 4;
+                    # docs/bench/h200-round7-prefill-attention-variants.log)
 TC_KEY_TILE = 64    # keys per shared K/V tile
 ROW_PAD = 8         # bf16 per shared row of padding (16 bytes: ldmatrix rows in distinct banks)
 
@@ -54,9 +55,10 @@ def tc_key_tile(head_dim: int, warps: int, keys_per_tile: int) -> int:
 
 
 def tc_queries_per_tile(group: int, warps: int | None = None) -> int:
-    """Queries per tile: warps x 16 rows over the group's heads (group must divide them)."""
+    """Queries per tile: as many whole groups of heads as warps x 16 rows hold; the rows left over (a group of 3
+    heads, SmolLM2's, leaves 2 of 128) are padding rows that see no key and write nothing."""
     warps = TC_WARPS if warps is None else warps
-    assert (16 * warps) % group == 0, f"a group of {group} heads does not divide {warps} warps x 16 rows"
+    assert group <= 16 * warps, f"a group of {group} heads does not fit {warps} warps x 16 rows"
     return 16 * warps // group
 
 
@@ -67,6 +69,7 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     accumulators in registers) and pool dtype (bf16_pool: the key tile loader that copies bf16 rows as they are)."""
     assert head_dim % 16 == 0 and keys_per_tile % 16 == 0, (head_dim, keys_per_tile)
     rows = 16 * warps
+    used_rows = (rows // group) * group  # rows past it: padding (the group does not divide the rows)
     threads = 32 * warps
     d_steps = head_dim // 16       # k steps of S = Q K^T; also pairs of 8-dim output tiles
     key_steps = keys_per_tile // 16  # k steps of P @ V; also pairs of 8-key score tiles
@@ -134,7 +137,7 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         for i in range(tid, rows * head_dim, threads):
             r = i // head_dim
             d = i % head_dim
-            t = tile_tokens[tile, r // group]
+            t = tile_tokens[tile, r // group] if r < used_rows else -1
             value = np.float32(0.0)
             if t >= 0:
                 value = q[t, kv_head * group + r % group, d] * scale
@@ -145,8 +148,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 q_tile, 0, 16 * warp + lane % 16, 16 * s + 8 * (lane // 16))
         row_a = 16 * warp + g  # this lane's two rows
         row_b = row_a + 8
-        pos_a = tile_positions[tile, row_a // group]  # -1: a padding row, it sees no key
-        pos_b = tile_positions[tile, row_b // group]
+        pos_a = tile_positions[tile, row_a // group] if row_a < used_rows else -1  # -1: a padding row, no key
+        pos_b = tile_positions[tile, row_b // group] if row_b < used_rows else -1
         max_a = minus_inf
         max_b = minus_inf
         sum_a = np.float32(0.0)  # this lane's columns only; the quad's four add up at the end
@@ -235,8 +238,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         sum_a += shfl_xor(sum_a, 2)
         sum_b += shfl_xor(sum_b, 1)
         sum_b += shfl_xor(sum_b, 2)
-        t_a = tile_tokens[tile, row_a // group]
-        t_b = tile_tokens[tile, row_b // group]
+        t_a = tile_tokens[tile, row_a // group] if row_a < used_rows else -1
+        t_b = tile_tokens[tile, row_b // group] if row_b < used_rows else -1
         for j in range(dim_tiles):
             d = 8 * j + 2 * quad
             if t_a >= 0:  # > 0: key 0 is visible to every real row
@@ -258,7 +261,8 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
                                tiles: PrefillTiles | None = None, warps: int | None = None,
                                keys_per_tile: int | None = None):
     """paged_attention_prefill's contract on tensor cores (bf16 q * scale, K, V and P into the mmas, float32
-    accumulation and softmax); the pools float32 (rounded to bf16 on the way in) or bf16 bits (copied). head_dim a multiple of 16; the group must divide warps x 16 rows. Pass `tiles`
+    accumulation and softmax); the pools float32 (rounded to bf16 on the way in) or bf16 bits (copied). head_dim a
+    multiple of 16; the group at most warps x 16 rows. Pass `tiles`
     from build_prefill_tc_tiles (built once per step) to skip rebuilding them. Returns out."""
     num_tokens, n_heads, head_dim = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
