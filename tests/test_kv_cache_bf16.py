@@ -115,6 +115,9 @@ def test_check_goldens_runs_a_float32_cache_and_the_flag_reaches_the_engine():
         assert _parser().parse_args([command]).kv_cache_dtype == "auto"
     assert EngineConfig().kv_cache_dtype == "auto" and _parser().parse_args(["check-goldens"]).precision == "fp32"
     assert resolve_kv_cache_dtype("auto", "fp32") == "float32" and resolve_kv_cache_dtype("auto", "fast") == "bfloat16"
+    assert resolve_kv_cache_dtype("float32", "fast") == "float32"
+    engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--precision", "fp32"]))
+    assert engine.kv_pool.dtype == "float32"  # auto on the reference path
     engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--kv-cache-dtype", "bfloat16"]))
     assert engine.kv_pool.dtype == "bfloat16" and engine.kv_pool.layer(0)[1].dtype == np.uint16
     bench = config_from_args(_parser().parse_args(["bench", "--kv-cache-dtype", "bfloat16"]))

@@ -139,6 +139,7 @@ def test_the_flag_reaches_the_engine_and_the_bench_config():
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--prompt", "x", "--precision", "bf16"], "argument --precision: invalid choice: 'bf16'"),
     (["check-goldens", "--precision", "fast"], "check-goldens compares with HF float32 goldens"),
+    (["check-goldens", "--kv-cache-dtype", "bfloat16"], "it runs a float32 KV cache only"),
 ])
 def test_bad_precision_gets_one_line(capsys, argv, message):
     try:

@@ -332,7 +332,10 @@ def _check_goldens(args) -> int:
     if args.precision == "fast":
         raise TinyVLLMError("check-goldens compares with HF float32 goldens at 1e-4: it runs --precision fp32 only "
                             "(scripts/fast_path_compare.py checks the fast path against HF bf16 on a GPU)")
+    if args.kv_cache_dtype == "bfloat16":
+        raise TinyVLLMError("check-goldens compares with HF float32 goldens at 1e-4: it runs a float32 KV cache only")
     args.precision = "fp32"  # auto too
+    args.kv_cache_dtype = "float32"
     goldens = Goldens.load(args.goldens or DEFAULT_GOLDENS)
     engine = _engine(args)
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
