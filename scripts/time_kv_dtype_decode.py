@@ -7,7 +7,8 @@ Each case is BATCHxCONTEXT on Llama-3.2-1B's attention shape (32 query heads, 8 
 DECODE_GQA_MIN_BLOCKS (query, KV head) pairs, decode_gqa from there). Time per launch by CUDA events around
 `repeats` launches captured in one CUDA graph (sweep_gemv.time_in_graph, as sweep_decode_attention.py times them),
 each on another copy of the pools while one pool would fit in the 50 MB L2; GB/s = the KV bytes the kernel must read
-(batch x context x K and V rows of 8 x 64 elements, 4 or 2 bytes each) per second.
+(batch x context x K and V rows of 8 x 64 elements, 4 or 2 bytes each) per second. The bf16 pool is timed with each
+word size decode_gqa can load it in (KV_BF16_PER_LOAD: 1, 2 or 4 bf16 per load; the default marked *).
 
 Correctness, before timing: the bf16 pool holds the float32 pool's values rounded (kv_encode_ref); the same kernel on
 a float32 pool holding exactly those rounded values must give the same output (the kernels compute the float32
@@ -32,8 +33,10 @@ def main():
     parser.add_argument("--no-timing", action="store_true", help="the correctness part only (runs in the simulator)")
     args = parser.parse_args()
     from numba import cuda
+    import kernels_numba.attention.decode_gqa as decode_gqa_module
     from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa,
                                          paged_attention_flash_decode)
+    default_per_load = decode_gqa_module.KV_BF16_PER_LOAD
     from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
     rng = np.random.default_rng(0)
     scale = HEAD_DIM ** -0.5
@@ -61,10 +64,14 @@ def main():
             return out.copy_to_host()
 
         f32 = run(cuda.to_device(k_f32), cuda.to_device(v_f32))
-        bf16 = run(cuda.to_device(k_bf16), cuda.to_device(v_bf16))
         f32_rounded = run(cuda.to_device(kv_decode_ref(k_bf16)), cuda.to_device(kv_decode_ref(v_bf16)))
-        assert np.isfinite(bf16).all() and np.isfinite(f32).all(), "an output left unwritten (NaN)"
-        diff_rounded = float(np.abs(bf16 - f32_rounded).max())
+        diff_rounded = 0.0
+        for per_load in (1, 2, 4):
+            decode_gqa_module.KV_BF16_PER_LOAD = per_load
+            bf16 = run(cuda.to_device(k_bf16), cuda.to_device(v_bf16))
+            assert np.isfinite(bf16).all() and np.isfinite(f32).all(), "an output left unwritten (NaN)"
+            diff_rounded = max(diff_rounded, float(np.abs(bf16 - f32_rounded).max()))
+        decode_gqa_module.KV_BF16_PER_LOAD = default_per_load
         diff = float(np.abs(bf16 - f32).max())
         if args.no_timing:
             print(f"batch {batch:3d} context {context:5d} {name:<12}  diff vs f32 on rounded {diff_rounded:.1e}, "
@@ -73,19 +80,23 @@ def main():
             continue
         from sweep_gemv import time_in_graph  # scripts/ is on the path when a script runs
         timings = {}
-        for dtype, (k_host, v_host) in (("float32", (k_f32, v_f32)), ("bfloat16", (k_bf16, v_bf16))):
+        for label, per_load, (k_host, v_host) in (("float32", 1, (k_f32, v_f32)), ("bf16 x1", 1, (k_bf16, v_bf16)),
+                                                   ("bf16 x2", 2, (k_bf16, v_bf16)), ("bf16 x4", 4, (k_bf16, v_bf16))):
+            decode_gqa_module.KV_BF16_PER_LOAD = per_load
             kv_bytes = k_host.nbytes + v_host.nbytes
             copies = max(1, min(args.repeats, -(-256 * 2**20 // kv_bytes)))  # >= 256 MB of KV: 5x the L2
             pools = [(cuda.to_device(k_host), cuda.to_device(v_host)) for _ in range(copies)]
             seconds = time_in_graph(
                 lambda i: launcher(q, *pools[i % copies], tables, seqs, positions, scale, out), args.repeats)
-            timings[dtype] = (seconds, kv_bytes)
+            timings[label] = (seconds, kv_bytes)
             del pools
-        (t32, b32), (t16, b16) = timings["float32"], timings["bfloat16"]
-        line = (f"batch {batch:3d} context {context:5d} {name:<12}  float32 {t32 * 1e6:8.1f} us {b32 / t32 / 1e9:7.1f} GB/s"
-                f"   bfloat16 {t16 * 1e6:8.1f} us {b16 / t16 / 1e9:7.1f} GB/s   speedup {t32 / t16:4.2f}x"
-                f"   diff vs f32 on rounded {diff_rounded:.1e}, vs f32 {diff:.1e}")
-        print(line, flush=True)
+        decode_gqa_module.KV_BF16_PER_LOAD = default_per_load
+        t32 = timings["float32"][0]
+        cells = [f"{label}{'*' if label == f'bf16 x{default_per_load}' else ''} {t * 1e6:7.1f} us {b / t / 1e9:6.0f} GB/s"
+                 for label, (t, b) in timings.items()]
+        t16 = timings[f"bf16 x{default_per_load}"][0]
+        print(f"batch {batch:3d} x {context:5d} {name:<12} " + " | ".join(cells) + f" | speedup {t32 / t16:4.2f}x"
+              f" | diff vs f32 on rounded {diff_rounded:.1e}, vs f32 {diff:.1e}", flush=True)
         rows.append((diff_rounded, t32 / t16))
     worst = max(d for d, _ in rows)
     print(f"{'PASS' if worst <= 1e-5 else 'FAIL'}: bf16 pool = float32 math on the rounded K/V (worst diff {worst:.1e}); "

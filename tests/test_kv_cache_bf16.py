@@ -39,10 +39,9 @@ def model():
 
 def _generate(model, kv_cache_dtype, new_tokens=NEW_TOKENS):
     """(engine, one dict per step of every stage's output and its "slots") for PROMPT's greedy continuation."""
-    # fp32 activations on a GPU too (auto would pick the fast path, whose prefill attention rounds K/V to bf16
-    # whatever the cache holds, so the two caches would give the same attention)
-    engine = LLMEngine(model, EngineConfig(num_blocks=16, block_size=4, kv_cache_dtype=kv_cache_dtype,
-                                           precision="fp32"), log=lambda message: None)
+    # fp32 precision in both runs, so that only the cache differs (the fast path's attention rounds K/V to bf16 anyway)
+    config = EngineConfig(num_blocks=16, block_size=4, kv_cache_dtype=kv_cache_dtype, precision="fp32")
+    engine = LLMEngine(model, config, log=lambda message: None)
     engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True))
     steps = []
     while engine.has_unfinished_requests():
@@ -110,14 +109,15 @@ def test_a_float32_cache_written_in_bf16_values_gives_the_bf16_cache_bit_for_bit
                                   runs["bfloat16"][1][0]["logits"].view(np.uint32))
 
 
-def test_check_goldens_and_generate_default_to_a_float32_cache_and_the_flag_reaches_the_engine():
+def test_check_goldens_runs_a_float32_cache_and_the_flag_reaches_the_engine():
+    # auto: float32 with the fp32 precision (check-goldens always runs fp32), bfloat16 with the fast one
     for command in ("check-goldens", "generate", "serve", "bench"):
         assert _parser().parse_args([command]).kv_cache_dtype == "auto"
-    assert EngineConfig().kv_cache_dtype == "auto"
-    # auto: float32 on the reference path (the simulator's auto precision), bfloat16 with the fast one
+    assert EngineConfig().kv_cache_dtype == "auto" and _parser().parse_args(["check-goldens"]).precision == "fp32"
     assert resolve_kv_cache_dtype("auto", "fp32") == "float32" and resolve_kv_cache_dtype("auto", "fast") == "bfloat16"
     assert resolve_kv_cache_dtype("float32", "fast") == "float32"
-    assert _engine(_parser().parse_args(["generate", "--num-blocks", "4"])).kv_pool.dtype == "float32"
+    engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--precision", "fp32"]))
+    assert engine.kv_pool.dtype == "float32"  # auto on the reference path
     engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--kv-cache-dtype", "bfloat16"]))
     assert engine.kv_pool.dtype == "bfloat16" and engine.kv_pool.layer(0)[1].dtype == np.uint16
     bench = config_from_args(_parser().parse_args(["bench", "--kv-cache-dtype", "bfloat16"]))

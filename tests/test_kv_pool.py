@@ -82,3 +82,5 @@ def test_an_engine_gets_the_kv_cache_dtype_it_asks_for(model):
     assert logged[-1].startswith("KV pool: 5 blocks x 16 tokens, bfloat16")
     with pytest.raises(TinyVLLMError, match="kv_cache_dtype must be auto or one of float32, bfloat16, got 'fp8'"):
         EngineConfig(kv_cache_dtype="fp8")
+    engine = LLMEngine(model, EngineConfig(num_blocks=5, precision="fp32"), log=logged.append)  # auto: the fp32
+    assert engine.kv_pool.dtype == "float32" and engine.kv_pool.layer(0)[0].dtype == np.float32  # path's float32

@@ -280,6 +280,16 @@ def test_bf16_pool_matches_ref_on_the_rounded_kv(rng, scenario, kernel, layout):
     _check(rng, scenario, *layout, kernel=kernel, kv_dtype=np.uint16)
 
 
+@pytest.mark.parametrize("per_load, kernel, layout", [(1, "decode_gqa", 2), (4, "flash_decode", 2),
+                                                      (4, "decode_gqa", 3), (2, "decode_gqa", 0)])
+def test_bf16_pool_any_elements_per_load(rng, monkeypatch, per_load, kernel, layout):
+    # decode_gqa / flash_decode read a bf16 pool in words of KV_BF16_PER_LOAD elements (uint16, uint32, uint64),
+    # unpacked into the float32 tile: head_dim 12 in words of 1 and 4 (3 words a row), 16 in 4 (the default, 2,
+    # runs above); the tile's loads then do not divide evenly over the simulator's 4 threads.
+    monkeypatch.setattr(decode_gqa_module, "KV_BF16_PER_LOAD", per_load)
+    _check(rng, "decode", *LAYOUTS[layout], kernel=kernel, kv_dtype=np.uint16)
+
+
 def test_bf16_pool_stable_when_every_naive_exp_overflows(rng):
     scores = _check(rng, "chunked", 16, 4, 2, 12, score_offset=600.0, kernel="decode_gqa", kv_dtype=np.uint16)
     assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"

@@ -32,7 +32,7 @@ def test_gemm_blocked_and_fused_norm_gemv(rng):
 def test_fused_qkv_rope_gemv(rng):
     """q|k|v = 960 rows of 576, RoPE on 9 + 3 heads of 64 and the K/V write: the decode layer's first launch."""
     matmul_tests.test_gemv_fused_rmsnorm_rope_matches_norm_linear_rope_and_the_pool_writes(rng, 1, HEADS, KV_HEADS,
-                                                                                     HEAD_DIM, HIDDEN)
+                                                                                     HEAD_DIM, HIDDEN, np.float32)
 
 
 def test_norms_and_rope(rng):

@@ -10,7 +10,9 @@ ones). The math and the pool layout: paged_kv.
   dim) adds weights @ V and the weights' sum l, both rescaled by exp(m_old - m_new). The next chunk's K/V
   loads are issued into registers before this chunk's compute (register prefetch), so memory and math
   overlap. split_keys reads each K/V row once per query head (4x the traffic); this reads it once. The
-  decode kernel for large GPU batches (long contexts at batch 256).
+  decode kernel for large GPU batches (long contexts at batch 256). A bf16 pool (kv_dtype) is read in words of
+  KV_BF16_PER_LOAD elements (the rows viewed as uint32 by default), each unpacked into the float32 tile: half
+  the bytes of a float32 pool for the same loads per warp.
 - `paged_attention_flash_decode`: decode_gqa split over key partitions (flash-decoding), for small GPU
   batches, whose T x n_kv_heads blocks would leave most SMs idle (8 at batch 1). Grid (T, n_kv_heads,
   partitions), partitions of FLASH_DECODE_PARTITION_KEYS covering the longest context the block tables address
@@ -29,6 +31,7 @@ import numpy as np
 
 from ..common import (SIMULATOR, SHARED_ALIGN, SHARED_ROW_PAD, cuda, jit, cdiv, launch_stream, device_empty,
                       device_zeros)
+from ..bf16 import bf16_to_f32
 from ..kv_dtype import kv_to_f32
 from .paged_kv import _ix, _check_pool, _check_queries, _output, _pool_rows
 
@@ -55,17 +58,50 @@ GQA_FEW_BLOCKS = 2 * 132
 FLASH_DECODE_THREADS = 4 if SIMULATOR else 256
 FLASH_DECODE_PARTITION_KEYS = 16 if SIMULATOR else 64
 FLASH_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64
+# A bf16 pool's K/V elements per load: 1 (uint16 loads), 2 (uint32: a warp reads 128 bytes per load instruction, as
+# it does from a float32 pool) or 4 (uint64); the rows are viewed as words of that size and each word is unpacked
+# into the shared tile. scripts/time_kv_dtype_decode.py times each.
+KV_BF16_PER_LOAD = 2
+_BF16_WORDS = {1: np.uint16, 2: np.uint32, 4: np.uint64}
+
+
+@jit(device=True)
+def _unpack_bf16(word, h):
+    """bf16 number h (from the low half) of a packed word, as float32."""
+    return bf16_to_f32((np.uint64(word) >> np.uint64(16 * h)) & np.uint64(0xFFFF))
+
+
+@jit(device=True)
+def _unpack_element(element, h):
+    """A pool element loaded alone (float32, or one bf16 in uint16), as float32."""
+    return kv_to_f32(element)
+
+
+def kv_per_load(pool_dtype, head_dim: int) -> int:
+    """Pool elements each K/V load of the decode kernels reads: 1 from a float32 pool, from a bf16 one
+    KV_BF16_PER_LOAD, halved until it divides head_dim."""
+    per_load = KV_BF16_PER_LOAD if np.dtype(pool_dtype) == np.uint16 else 1
+    while head_dim % per_load:
+        per_load //= 2
+    return per_load
+
+
+def _load_rows(k_pool, v_pool, per_load: int):
+    """The pools as rows of slots (_pool_rows), in words of per_load bf16 for a bf16 pool."""
+    rows = _pool_rows(k_pool, v_pool)
+    return rows if k_pool.dtype == np.float32 else tuple(r.view(_BF16_WORDS[per_load]) for r in rows)
 
 
 @functools.cache
 def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int,
-                                      partition_keys: int = 0):
+                                      partition_keys: int = 0, pool_dtype=np.float32, per_load: int = 1):
     """The GQA decode kernel for one shape: a block per (query, KV head) serves the group's query heads
     from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops).
     partition_keys > 0 makes it flash_decode's kernel (see paged_attention_flash_decode): block z takes keys
     [z * partition_keys, (z + 1) * partition_keys) of its query's context only, and the (query, KV head)'s
     last block to finish merges the partitions' states into `out`; otherwise the part_* and `arrivals`
-    arguments are unused.
+    arguments are unused. pool_dtype float32, or uint16 (bf16) loaded per_load elements at a time (k_rows and
+    v_rows then in words of per_load bf16: _load_rows).
 
     Per chunk, four barriers: (1) the chunk's K/V rows, already in registers, into shared memory, then the
     next chunk's loads issued (they land during 2-4); (2) a thread per (head set, key) scores heads_per_item
@@ -76,7 +112,12 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
     floats at a time where the layout allows (16-byte aligned tiles)."""
     heads_per_item = 2 if group % 2 == 0 else 1  # heads one thread scores / accumulates from one K or V read
     head_sets = group // heads_per_item
-    load_steps = cdiv(key_chunk * head_dim, threads)       # tile elements each thread copies
+    assert per_load == 1 or np.dtype(pool_dtype) == np.uint16, "float32 pools load one element at a time"
+    assert head_dim % per_load == 0, (head_dim, per_load)
+    row_words = head_dim // per_load                       # loads per K (or V) row of one KV head
+    load_type = _BF16_WORDS[per_load] if np.dtype(pool_dtype) == np.uint16 else np.float32
+    unpack = _unpack_element if per_load == 1 else _unpack_bf16
+    load_steps = cdiv(key_chunk * row_words, threads)      # tile loads each thread does
     score_steps = cdiv(head_sets * key_chunk, threads)     # (head set, key) items per thread
     out_steps = cdiv(head_sets * head_dim, threads)        # (head set, dim) items per thread
     k_row_stride = head_dim + SHARED_ROW_PAD               # keeps rows 16-byte aligned; thread j reading K row j
@@ -86,16 +127,16 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
 
     @jit(device=True)
     def load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start, last, tid, k_loaded, v_loaded):
-        """Issue this thread's loads of the chunk's K/V rows into registers. Element i is tile element
-        e = tid + i * threads: key e // head_dim, dim e % head_dim (consecutive threads read consecutive floats
-        of a row: coalesced), decoded to float32 (a bf16 pool: half the bytes). Keys past the context load the
-        last key again (branch-free; weights 0)."""
+        """Issue this thread's loads of the chunk's K/V rows into registers. Load i is tile word
+        e = tid + i * threads: key e // row_words, word e % row_words of its row (per_load elements from
+        `column`, the KV head's first word; consecutive threads read consecutive words of a row: coalesced).
+        Keys past the context load the last key again (branch-free; weights 0)."""
         for i in range(load_steps):
             e = _ix(tid) + _ix(i * threads)
-            key = min(_ix(chunk_start) + min(e // _ix(head_dim), _ix(key_chunk - 1)), _ix(last))
+            key = min(_ix(chunk_start) + min(e // _ix(row_words), _ix(key_chunk - 1)), _ix(last))
             row = _ix(block_tables[b, key // _ix(block_size)]) * _ix(block_size) + key % _ix(block_size)
-            k_loaded[i] = kv_to_f32(k_rows[row, _ix(column) + e % _ix(head_dim)])
-            v_loaded[i] = kv_to_f32(v_rows[row, _ix(column) + e % _ix(head_dim)])
+            k_loaded[i] = k_rows[row, _ix(column) + e % _ix(row_words)]
+            v_loaded[i] = v_rows[row, _ix(column) + e % _ix(row_words)]
 
     @jit
     def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out, part_max, part_sum, part_acc,
@@ -104,7 +145,7 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
         kv_head = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         first_head = kv_head * group
-        column = kv_head * head_dim  # this KV head's first column of a pool row
+        column = kv_head * row_words  # this KV head's first word of a pool row
         b = query_seq[t]
         context_len = query_pos[t] + 1  # causal: keys 0..position
         keys_begin = 0
@@ -128,8 +169,8 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
         sums = cuda.local.array((out_steps, heads_per_item), np.float32)  # l of the thread's (head, dim) items
         merged_max = cuda.local.array((out_steps, heads_per_item), np.float32)  # flash_decode's merge
         dot = cuda.local.array(heads_per_item, np.float32)
-        k_loaded = cuda.local.array(load_steps, np.float32)
-        v_loaded = cuda.local.array(load_steps, np.float32)
+        k_loaded = cuda.local.array(load_steps, load_type)
+        v_loaded = cuda.local.array(load_steps, load_type)
         for e in range(tid, group * head_dim, threads):
             q_scaled[e // head_dim, e % head_dim] = q[t, first_head + e // head_dim, e % head_dim] * scale
         for g in range(group):
@@ -145,12 +186,14 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
         for chunk in range(chunks):
             chunk_start = keys_begin + chunk * key_chunk
             n_keys = min(key_chunk, keys_end - chunk_start)
-            # 1. this chunk's K and V rows (in registers) into shared memory, once for the whole group
+            # 1. this chunk's K and V rows (in registers) into shared memory as float32, once for the whole group
             for i in range(load_steps):
                 e = _ix(tid) + _ix(i * threads)
-                j = min(e // _ix(head_dim), _ix(key_chunk - 1))  # past the tile: the last row, own value
-                k_tile[j, e % _ix(head_dim)] = k_loaded[i]
-                v_tile[j, e % _ix(head_dim)] = v_loaded[i]
+                j = min(e // _ix(row_words), _ix(key_chunk - 1))  # past the tile: the last row, own value
+                word_dim = (e % _ix(row_words)) * _ix(per_load)  # (not `d`: numba types it int64 below)
+                for part in range(per_load):
+                    k_tile[j, word_dim + _ix(part)] = unpack(k_loaded[i], part)
+                    v_tile[j, word_dim + _ix(part)] = unpack(v_loaded[i], part)
             cuda.syncthreads()
             if chunk + 1 < chunks:
                 load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start + key_chunk, last, tid,
@@ -281,11 +324,12 @@ def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query
         _, block_size, n_kv_heads, head_dim = k_pool.shape
         few_blocks = num_queries * n_kv_heads < GQA_FEW_BLOCKS
         key_chunk = GQA_DECODE_KEY_CHUNK_FEW_BLOCKS if few_blocks else GQA_DECODE_KEY_CHUNK
+        per_load = kv_per_load(k_pool.dtype, head_dim)
         kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
-                                                   GQA_DECODE_THREADS, key_chunk)
+                                                   GQA_DECODE_THREADS, key_chunk, 0, k_pool.dtype.type, per_load)
         unused_acc = out.reshape((num_queries, n_heads, 1, head_dim))  # any arrays of the right ranks and types
         kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
-            q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
+            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos,
             np.float32(scale), out, out, out, unused_acc, block_tables)
     return out
 
@@ -309,10 +353,11 @@ def paged_attention_flash_decode(q, k_pool, v_pool, block_tables, query_seq, que
         part_sum = device_empty((num_queries, n_heads, partitions), np.float32)
         part_acc = device_empty((num_queries, n_heads, partitions, head_dim), np.float32)
         arrivals = device_zeros((num_queries, n_kv_heads), np.int32)  # blocks done per (query, KV head)
+        per_load = kv_per_load(k_pool.dtype, head_dim)
         kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
                                                    FLASH_DECODE_THREADS, FLASH_DECODE_KEY_CHUNK,
-                                                   FLASH_DECODE_PARTITION_KEYS)
+                                                   FLASH_DECODE_PARTITION_KEYS, k_pool.dtype.type, per_load)
         kernel[(num_queries, n_kv_heads, partitions), FLASH_DECODE_THREADS, launch_stream()](
-            q, *_pool_rows(k_pool, v_pool), block_tables, query_seq, query_pos,
+            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos,
             np.float32(scale), out, part_max, part_sum, part_acc, arrivals)
     return out
