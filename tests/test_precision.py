@@ -14,7 +14,7 @@ from tinyvllm.kernel_plan import resolve_precision
 from tinyvllm.sampling_params import SamplingParams
 
 PROMPT_TOKENS = (9, 7)   # the first tokens of golden prompts 0 and 1
-NEW_TOKENS = 3
+NEW_TOKENS = 2
 BF16_ROUNDING = 2.0**-8  # a bf16 has 8 significant bits: rounding to nearest moves a value by <= 2^-8 of it
 ROUNDINGS_PER_LAYER = 8  # x into q|k|v; q * scale, K, V and P in prefill_tc; a into o_proj; x into gate|up; the gate
 

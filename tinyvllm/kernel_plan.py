@@ -50,6 +50,7 @@ from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc
 
 from .config import PRECISIONS
 from .errors import TinyVLLMError
+
 # The simulator's gemm_tc tile: one warp of 16 x 32 (a simulated lane is a Python thread; on the demo model's
 # layer 1.8 s against 4.1 s for gemm_tc's test tile TileShape(32, 32, 32, 1, 2)).
 SIMULATOR_TILE = TileShape(16, 32, 32, 1, 1)
