@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
     s.add_argument("--record", metavar="FILE",
                    help="write every request as it arrives and every answer to FILE (JSONL), for "
                         "`tinyvllm bench --replay FILE`")
+    s.add_argument("--debug", action="store_true",
+                   help="step the server in the debugger: HTTP in the background, the engine paused until you "
+                        "step it (s / l / d) or let it serve (c); w records the session")
     j = p.add_argument_group("JSONL")
     j.add_argument("--jsonl", action="store_true", help="read requests from stdin, write results to stdout")
     j.add_argument("--stream", action="store_true", help="with --jsonl: also a line per token delta")
@@ -59,6 +62,9 @@ def run(args) -> int:
     except ImportError as e:
         raise TinyVLLMError(f"tinyvllm serve needs {e.name}: pip install fastapi 'uvicorn[standard]' pydantic "
                             f"prometheus-client") from e
+    if args.debug:
+        from .debug_mode import run_serve_debug
+        return run_serve_debug(args)
     if args.stream and not args.jsonl:
         raise TinyVLLMError("--stream goes with --jsonl (HTTP clients ask for streaming with stream: true)")
     if args.max_waiting < 0 or args.shutdown_timeout < 0:
