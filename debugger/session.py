@@ -195,7 +195,7 @@ class Breakpoint:
                 return cls("stage", args[0])
             if kind == "finished" and len(args) == 2 and args[0] == "from":
                 return cls("finished_from", args[1])
-            if kind == "finished" and len(args) <= 1:
+            if kind == "finished" and len(args) <= 1 and args != ["from"]:
                 return cls("finished", args[0] if args else None)
             if kind == "golden" and len(args) <= 1:
                 return cls("golden", float(args[0]) if args else None)

@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import DataTable
 
 from debugger.app import DebuggerApp
-from debugger.session import Breakpoint
+from debugger.session import Breakpoint, Session
 from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.model import load_model
 from tinyvllm.sampling_params import SamplingParams
@@ -85,8 +85,10 @@ def test_pilot_steps_an_openai_streaming_client_token_by_token(served):
         row = rows(app)[0]
         assert row[0].startswith("cmpl-") and row[1] == "arrived"
         assert row[8].startswith("127.0.0.1:") and row[9] == "greedy max 3" and row[10].startswith("arrived")
+        await pilot.press("B", *"finished from 127.0.0.1", "enter")   # a standing breakpoint for c
         await pilot.pause(0.5)
         assert received == [] and session.engine.num_steps == 0   # paused: nothing ran by itself
+        assert "breakpoints: finished from 127.0.0.1" in shown(app, "#scheduler-summary")
         for n in (1, 2):                                # d: one scheduler step, exactly one more token
             await pilot.press("d")
             await settle(pilot)
@@ -94,13 +96,14 @@ def test_pilot_steps_an_openai_streaming_client_token_by_token(served):
             await pilot.pause(0.3)
             assert tokens(received) == n, received
             assert rows(app)[0][10] == f"streaming · {n} sent"
-        await pilot.press("c")                          # serve freely: the last token, the stream ends
+        await pilot.press("c")                          # serve freely until the breakpoint: the last token
+        await settle(pilot)
         await asyncio.get_running_loop().run_in_executor(None, client.join, 120)
         assert tokens(received) == 3 and received[-1][1] == "length"
-        await until(pilot, lambda: rows(app)[0][10] == "done · 3 sent")
-        assert "serve" in shown(app, "#status")         # still serving: waiting for the next client
-        await pilot.press("x")
-        await settle(pilot)
+        assert rows(app)[0][10] == "done · 3 sent"
+        client_address = rows(app)[0][8]
+        assert shown(app, "#status").startswith(f"breakpoint: request {rows(app)[0][0]} from {client_address} "
+                                                f"finished")
 
         # a client that goes away while the server is paused: its request is aborted, its blocks freed
         with httpx.Client(timeout=60) as http:
@@ -121,3 +124,159 @@ async def _drive(app, scenario, size=(170, 50)):
     async with app.run_test(size=size) as pilot:
         await scenario(pilot)
         await pilot.press("q")
+
+
+def test_a_recorded_session_of_concurrent_clients_replays_token_for_token(served, tmp_path, monkeypatch):
+    session, feed, server = served
+    monkeypatch.chdir(tmp_path)                       # w records to ./tinyvllm-session.jsonl
+    app = DebuggerApp(session)
+    received = [[], [], []]
+    bodies = [dict(temperature=0), dict(temperature=0.9, seed=7), dict(temperature=1.0)]  # the last: engine's seed
+
+    async def scenario(pilot):
+        await pilot.press("w")
+        assert shown(app, "#status").startswith("recording to tinyvllm-session.jsonl")
+        clients = [stream_client(server.url, p, 3, received[i], **bodies[i])
+                   for i, p in enumerate(["The sun rose", "a small town"])]
+        await until(pilot, lambda: len(rows(app)) == 2)
+        await pilot.press("d")                        # both prefill in step 0
+        await settle(pilot)
+        clients.append(stream_client(server.url, "every morning bakers", 3, received[2], **bodies[2]))
+        await until(pilot, lambda: len(rows(app)) == 3)
+        await pilot.press("c")                        # the third joins at step 1; serve until all are done
+        for c in clients:
+            await asyncio.get_running_loop().run_in_executor(None, c.join, 120)
+        await pilot.press("x")
+        await settle(pilot)
+        await pilot.press("w")
+        assert shown(app, "#status").startswith("recording stopped: tinyvllm-session.jsonl")
+    asyncio.run(_drive(app, scenario))
+    assert [tokens(r) for r in received] == [3, 3, 3]
+
+    recording = read_recording(tmp_path / "tinyvllm-session.jsonl")
+    assert [r.step for r in recording.requests] == [0, 0, 1]
+    assert [r.params["seed"] is not None for r in recording.requests] == [True] * 3
+    sent = [[t for ids, _ in r for t in ids] for r in received]
+    assert [r.token_ids for r in recording.requests] == sent
+    # one recorded answer altered: the replay must find exactly that token, and match the others
+    lines = (tmp_path / "tinyvllm-session.jsonl").read_text().splitlines()
+    altered = recording.requests[1]
+    for i, line in enumerate(lines):
+        obj = json.loads(line)
+        if obj["type"] == "finished" and obj["id"] == altered.request_id:
+            obj["token_ids"][2] = (obj["token_ids"][2] + 1) % 300
+            lines[i] = json.dumps(obj)
+    (tmp_path / "altered.jsonl").write_text("\n".join(lines) + "\n")
+
+    replay, replay_feed = replay_session(str(tmp_path / "altered.jsonl"))
+    app = DebuggerApp(replay)
+
+    async def replaying(pilot):
+        assert [r[1] for r in rows(app)] == ["due", "due", "due"]
+        await pilot.press("d")                        # step 0: the first two arrive and prefill
+        await settle(pilot)
+        assert [r[1] for r in rows(app)][2] == "due" and len(replay.engine.scheduler.running) == 2
+        await pilot.press("c")
+        await settle(pilot)
+        assert shown(app, "#status").endswith("replay: 2/3 requests match token for token, 1 diverged (v: report)")
+        await pilot.press("v")
+        report = str(app.screen.query_one("#report-text").render())
+        assert f"{altered.request_id}: DIVERGED at token 2" in report
+        assert all(f"{r.request_id}: match (3 tokens, length)" in report
+                   for r in recording.requests if r is not altered)
+        await pilot.press("escape")
+    asyncio.run(_drive(app, replaying))
+
+
+# ---- serving breakpoints, at the session level -----------------------------------------------------------
+def submit(feed, prompt, client=None, **params):
+    """What an HTTP handler does: submit into the feed's inbox, with the client in the context."""
+    token = _HTTP_CLIENT.set(HttpClient(client) if client else None)
+    try:
+        return feed.submit(prompt, SamplingParams(temperature=0, ignore_eos=True, **params), lambda updates: None)
+    finally:
+        _HTTP_CLIENT.reset(token)
+
+
+def test_arrival_and_finished_from_a_client_breakpoints(model):
+    session, feed = serving_session(LLMEngine(model, EngineConfig(**CONFIG), log=lambda m: None), None)
+    feed.start()
+    first = submit(feed, [5, 6, 7], "10.0.0.1:5000", max_tokens=2)
+    session.breakpoints = [Breakpoint.parse("arrival 10.0.0.2")]
+    second = []
+
+    def progress(event):   # the second client comes once the first one's request is done
+        if getattr(event, "finished", ()) == (first,):
+            second.append(submit(feed, [8, 9], "10.0.0.2:6000", max_tokens=1))
+
+    result = session.serve(progress=progress)       # the first client's arrival is not a hit
+    assert result.reason == "breakpoint" and result.detail == f"arrival: {second[0]} from 10.0.0.2:6000"
+    assert result.event.request_ids == (second[0],) and session.engine.request(second[0]).seq.state == "waiting"
+    session.breakpoints = [Breakpoint.parse("finished from 10.0.0.2")]
+    result = session.serve()
+    assert result.detail == f"request {second[0]} from 10.0.0.2:6000 finished"
+    assert [r.stream for r in session.view().requests] == ["done · 2 sent", "done · 1 sent"]
+    assert [r.client for r in session.view().requests] == ["10.0.0.1:5000", "10.0.0.2:6000"]
+    session.breakpoints = [Breakpoint.parse("arrival")]
+    assert session.serve(cancelled=lambda: session.idle).reason == "cancelled"   # nothing more came
+
+
+def test_kv_slow_and_preemption_breakpoints(model):
+    # 4 blocks of 4 tokens: two 6-token prompts fill the pool at their 8th position, so one is preempted
+    session = Session(LLMEngine(model, EngineConfig(num_blocks=4, block_size=4, max_num_seqs=4),
+                                log=lambda m: None), None, [])
+    for p in ([5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]):
+        session.add_request(p, SamplingParams(temperature=0, ignore_eos=True, max_tokens=4))
+    session.breakpoints = [Breakpoint.parse(s) for s in ("kv 60%", "slow 1", "preemption")]
+    result = session.continue_to_end()
+    assert result.detail == "KV usage rose above 60%: 0.0% -> 100.0%" and result.event.name == "embedding"
+    result = session.continue_to_end()               # the rest of step 0 took more than 1 ms
+    assert result.detail.startswith("step 0 took ") and result.event.busy_seconds > 0.001
+    del session.breakpoints[1]
+    result = session.continue_to_end()
+    assert result.detail == "preempted 1" and result.event.step == 3 and result.event.index == 0
+    result = session.continue_to_end()               # 0 finished, 1 is prefilled again: above 60% again
+    assert result.detail == "KV usage rose above 60%: 0.0% -> 75.0%"
+    assert session.continue_to_end().reason == "idle"
+    assert [r.finish_reason for r in session.view().requests] == ["length", "length"]
+
+
+def test_prefix_hit_breakpoint(model):
+    session = Session(LLMEngine(model, EngineConfig(**CONFIG), log=lambda m: None), None, [])
+    session.breakpoints = [Breakpoint.parse("prefix-hit"), Breakpoint.parse("slow 100000")]   # never that slow
+    session.add_request([40, 41, 42, 43, 44], SamplingParams(temperature=0, max_tokens=1))
+    assert session.continue_to_end().reason == "idle"  # its first block is now cached
+    second = session.add_request([40, 41, 42, 43, 45], SamplingParams(temperature=0, max_tokens=1))
+    result = session.continue_to_end()
+    assert result.detail == f"prefix-cache hit: {second} reuses 4 tokens" and result.event.name == "embedding"
+
+
+@pytest.mark.parametrize("spec, kind, value, again", [
+    ("arrival", "arrival", None, "arrival"), ("arrival 10.0.0.2", "arrival", "10.0.0.2", "arrival 10.0.0.2"),
+    ("finished cmpl-*", "finished", "cmpl-*", "finished cmpl-*"),
+    ("finished from 127.0.0.1:5000", "finished_from", "127.0.0.1:5000", "finished from 127.0.0.1:5000"),
+    ("kv 80%", "kv", 0.8, "kv 80%"), ("kv 0.5", "kv", 0.5, "kv 50%"), ("preemption", "preemption", None, "preemption"),
+    ("prefix-hit", "prefix_hit", None, "prefix-hit"), ("slow 50ms", "slow", 0.05, "slow 50ms")])
+def test_serving_breakpoint_specs(spec, kind, value, again):
+    breakpoint = Breakpoint.parse(spec)
+    assert breakpoint == Breakpoint(kind, value) and breakpoint.describe() == again
+
+
+@pytest.mark.parametrize("spec", ["kv 1.5", "kv", "slow -3", "slow x", "finished from", "preemption now"])
+def test_bad_serving_breakpoint_specs_say_how_to_write_one(spec):
+    with pytest.raises(ValueError, match="arrival \\[CLIENT\\] .* slow MS"):
+        Breakpoint.parse(spec)
+
+
+def test_debug_replay_and_serve_debug_errors_are_one_line(tmp_path, capsys):
+    from tinyvllm.cli import main
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"type": "header", "format": "tinyvllm-recording", "version": 1}) + "\n{oops\n")
+    cases = [(["debug", "--replay", str(tmp_path / "missing.jsonl")],
+              f"error: cannot read the recording {tmp_path / 'missing.jsonl'}: No such file or directory"),
+             (["debug", "--replay", str(bad)], f"error: {bad}:2: not JSON (Expecting property name enclosed in "
+                                                f"double quotes at column 2)"),
+             (["serve", "--debug", "--jsonl"], "error: --debug serves HTTP; it does not go with --jsonl")]
+    for argv, message in cases:
+        assert main(argv) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [message]
