@@ -378,6 +378,7 @@ class Session:
         self._lock = threading.RLock()
         self.breakpoints: list[Breakpoint] = []   # standing ones: continue_to_end and serve stop at any of them
         self.feed = None    # a source of requests stepped in by the session (serving: debug_mode.SteppedEngineLoop)
+        self._closed = False
         self._start(engine)
 
     # ---- requests and reset ----------------------------------------------------------------------
@@ -424,6 +425,15 @@ class Session:
                     break
             return request_id
 
+    def close(self) -> None:
+        """No more steps (a worker thread still running stops at its next stage); the feed, if any, ends its
+        requests (serve --debug: each client gets finish_reason "abort")."""
+        with self._lock:
+            self._closed = True
+            self._stages = None
+            if self.feed is not None and hasattr(self.feed, "close"):
+                self.feed.close()
+
     def apply_feed_aborts(self) -> None:
         """Abort now the requests whose clients went away (between steps only: a half-done step keeps its
         batch until it ends)."""
@@ -459,9 +469,11 @@ class Session:
         with self._lock:
             start = time.perf_counter()
             try:
+                if self._closed:
+                    return None
                 if self._stages is None:
                     if self.feed is not None:
-                        self.feed.admit(self)
+                        self._admit()
                     if not self.engine.has_unfinished_requests():
                         return None
                     self._begin_step()

@@ -38,7 +38,7 @@ def served(model):
     feed.start()
     server.start()
     yield session, feed, server
-    feed.close()
+    session.close()
     server.stop()
     assert not server.thread.is_alive()
 

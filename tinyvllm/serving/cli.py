@@ -62,15 +62,15 @@ def run(args) -> int:
     except ImportError as e:
         raise TinyVLLMError(f"tinyvllm serve needs {e.name}: pip install fastapi 'uvicorn[standard]' pydantic "
                             f"prometheus-client") from e
-    if args.debug:
-        from .debug_mode import run_serve_debug
-        return run_serve_debug(args)
     if args.stream and not args.jsonl:
         raise TinyVLLMError("--stream goes with --jsonl (HTTP clients ask for streaming with stream: true)")
     if args.max_waiting < 0 or args.shutdown_timeout < 0:
         raise TinyVLLMError("--max-waiting and --shutdown-timeout must be >= 0")
     if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
         raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
+    if args.debug:
+        from .debug_mode import run_serve_debug
+        return run_serve_debug(args)
     from ..cli import _engine
     from .engine_loop import EngineLoop
     if args.jsonl:

@@ -437,7 +437,7 @@ def run_serve_debug(args) -> int:
     try:
         app.run()
     finally:
-        feed.close()
+        session.close()   # every client still waiting gets finish_reason "abort"
         server.stop()
     if feed.recording_path:
         print(f"tinyvllm serve --debug: recorded to {feed.recording_path}", file=sys.stderr)
