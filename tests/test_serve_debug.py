@@ -83,8 +83,9 @@ def test_pilot_steps_an_openai_streaming_client_token_by_token(served):
         client = stream_client(server.url, "The sun rose", 3, received, temperature=0)
         await until(pilot, lambda: rows(app))          # shown as it arrives, while the engine is paused
         row = rows(app)[0]
-        assert row[0].startswith("cmpl-") and row[1] == "arrived"
-        assert row[8].startswith("127.0.0.1:") and row[9] == "greedy max 3" and row[10].startswith("arrived")
+        request_id = session.view().requests[0].request_id
+        assert row[:2] == [request_id[:13] + "…-0", "arrived"] and request_id.startswith("cmpl-")
+        assert row[2].startswith("127.0.0.1:") and row[3] == "greedy max 3" and row[4].startswith("arrived")
         await pilot.press("B", *"finished from 127.0.0.1", "enter")   # a standing breakpoint for c
         await pilot.pause(0.5)
         assert received == [] and session.engine.num_steps == 0   # paused: nothing ran by itself
@@ -95,15 +96,13 @@ def test_pilot_steps_an_openai_streaming_client_token_by_token(served):
             await until(pilot, lambda: tokens(received) >= n)
             await pilot.pause(0.3)
             assert tokens(received) == n, received
-            assert rows(app)[0][10] == f"streaming · {n} sent"
+            assert rows(app)[0][4] == f"streaming · {n} sent"
         await pilot.press("c")                          # serve freely until the breakpoint: the last token
         await settle(pilot)
         await asyncio.get_running_loop().run_in_executor(None, client.join, 120)
         assert tokens(received) == 3 and received[-1][1] == "length"
-        assert rows(app)[0][10] == "done · 3 sent"
-        client_address = rows(app)[0][8]
-        assert shown(app, "#status").startswith(f"breakpoint: request {rows(app)[0][0]} from {client_address} "
-                                                f"finished")
+        assert rows(app)[0][4] == "done · 3 sent"
+        assert shown(app, "#status").startswith(f"breakpoint: request {request_id} from {rows(app)[0][2]} finished")
 
         # a client that goes away while the server is paused: its request is aborted, its blocks freed
         with httpx.Client(timeout=60) as http:
@@ -113,7 +112,7 @@ def test_pilot_steps_an_openai_streaming_client_token_by_token(served):
                 await pilot.press("d")
                 await settle(pilot)
                 assert session.engine.block_manager.usage > 0
-        await until(pilot, lambda: rows(app)[1][10] == "client gone · aborted")
+        await until(pilot, lambda: rows(app)[1][4] == "client gone · aborted")
         assert session.engine.block_manager.usage == 0 and not session.in_step
         assert response.status_code == 200
 

@@ -34,6 +34,16 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _short_id(request_id: str, limit: int = 16) -> str:
+    """A served request's id (cmpl-<32 hex digits>-0) cut in the middle: cmpl-779bc5…-0."""
+    if len(request_id) <= limit:
+        return request_id
+    head, sep, tail = request_id.rpartition("-")
+    if not sep or len(tail) > 4:
+        head, tail = request_id, ""
+    return head[:limit - len(tail) - 2] + "…" + (f"-{tail}" if tail else "")
+
+
 class SchedulerPanel(Vertical):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -70,12 +80,16 @@ class SchedulerPanel(Vertical):
         if layout != self.columns_for:
             self.columns_for = layout
             table.clear(columns=True)
-            table.add_columns(*COLUMNS[layout[0]], *(SERVING_COLUMNS if layout[1] else ()))
+            columns = list(COLUMNS[layout[0]])
+            if layout[1]:   # who sent it and what they got, next to the state
+                columns[2:2] = SERVING_COLUMNS
+            table.add_columns(*columns)
         table.clear()
         for r in view.requests:
             cells = self._cells(r, layout[0])
             if layout[1]:
-                cells += [r.client or "-", r.params, r.stream]
+                cells[0] = _short_id(r.request_id)
+                cells[2:2] = [r.client or "-", r.params, r.stream]
             table.add_row(*cells, key=r.request_id)
 
     @staticmethod
