@@ -279,3 +279,21 @@ def test_debug_replay_and_serve_debug_errors_are_one_line(tmp_path, capsys):
     for argv, message in cases:
         assert main(argv) == 1
         assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
+def test_a_recording_started_mid_session_leaves_out_the_requests_before_it(model, tmp_path):
+    from tinyvllm.serving.engine_loop import Update
+    from tinyvllm.serving.recording import Recorder
+    engine = LLMEngine(model, EngineConfig(**CONFIG), log=lambda m: None)
+    before = engine.add_request([5, 6, 7], SamplingParams(max_tokens=2))
+    path = tmp_path / "late.jsonl"
+    recorder = Recorder.open(path, engine)                 # as `w` starts one while `before` is in flight
+    after = engine.add_request([8, 9], SamplingParams(max_tokens=2, seed=4))
+    recorder.request(engine, after)
+    for request_id in (before, after):
+        recorder.abort(engine, request_id)
+        recorder.finished(engine, Update(request_id, [], finished=True, finish_reason="abort", token_ids=[1], text=""))
+    recorder.close()
+    recording = read_recording(path)                       # readable: no answer of a request it never saw
+    assert [(r.request_id, r.abort_step, r.token_ids) for r in recording.requests] == [(after, 0, [1])]
+    assert len(path.read_text().splitlines()) == 4         # header, request, abort, finished
