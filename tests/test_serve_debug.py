@@ -178,6 +178,7 @@ def test_a_recorded_session_of_concurrent_clients_replays_token_for_token(served
         await pilot.press("c")
         await settle(pilot)
         assert shown(app, "#status").endswith("replay: 2/3 requests match token for token, 1 diverged (v: report)")
+        assert [r[4] for r in rows(app)] == ["match", "DIVERGED at token 2", "match"]   # the stream column
         await pilot.press("v")
         report = str(app.screen.query_one("#report-text").render())
         assert f"{altered.request_id}: DIVERGED at token 2" in report
@@ -197,6 +198,12 @@ def submit(feed, prompt, client=None, **params):
         _HTTP_CLIENT.reset(token)
 
 
+def within(seconds: float):
+    """A `cancelled` for serve(): a breakpoint that never hits fails the test instead of hanging it."""
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() > deadline
+
+
 def test_arrival_and_finished_from_a_client_breakpoints(model):
     session, feed = serving_session(LLMEngine(model, EngineConfig(**CONFIG), log=lambda m: None), None)
     feed.start()
@@ -208,11 +215,11 @@ def test_arrival_and_finished_from_a_client_breakpoints(model):
         if getattr(event, "finished", ()) == (first,):
             second.append(submit(feed, [8, 9], "10.0.0.2:6000", max_tokens=1))
 
-    result = session.serve(progress=progress)       # the first client's arrival is not a hit
+    result = session.serve(within(120), progress)  # the first client's arrival is not a hit
     assert result.reason == "breakpoint" and result.detail == f"arrival: {second[0]} from 10.0.0.2:6000"
     assert result.event.request_ids == (second[0],) and session.engine.request(second[0]).seq.state == "waiting"
-    session.breakpoints = [Breakpoint.parse("finished from 10.0.0.2")]
-    result = session.serve()
+    session.breakpoints = [Breakpoint.parse("finished from 10.0.0.3"), Breakpoint.parse("finished from 10.0.0.2")]
+    result = session.serve(within(120))
     assert result.detail == f"request {second[0]} from 10.0.0.2:6000 finished"
     assert [r.stream for r in session.view().requests] == ["done · 2 sent", "done · 1 sent"]
     assert [r.client for r in session.view().requests] == ["10.0.0.1:5000", "10.0.0.2:6000"]
@@ -297,3 +304,22 @@ def test_a_recording_started_mid_session_leaves_out_the_requests_before_it(model
     recording = read_recording(path)                       # readable: no answer of a request it never saw
     assert [(r.request_id, r.abort_step, r.token_ids) for r in recording.requests] == [(after, 0, [1])]
     assert len(path.read_text().splitlines()) == 4         # header, request, abort, finished
+
+
+def test_finished_and_arrival_breakpoints_match_id_globs_and_clients():
+    from debugger.session import ArrivalRecord, StepRecord
+    clients = {"cmpl-ab12-0": "10.0.0.2:6000", "chatcmpl-ff-0": "10.0.0.3:7000"}
+    step = StepRecord(4, 0.1, 2, {}, ("chatcmpl-ff-0", "cmpl-ab12-0"))
+
+    def hit(spec, event=step):
+        return Breakpoint.parse(spec).hit(event, 1e-4, None, clients.get)
+    assert hit("finished cmpl-*") == "request cmpl-ab12-0 finished"
+    assert hit("finished chat*") == "request chatcmpl-ff-0 finished"
+    assert hit("finished cmpl-ab12") is None                       # a glob, not a prefix
+    assert hit("finished from 10.0.0.2") == "request cmpl-ab12-0 from 10.0.0.2:6000 finished"
+    assert hit("finished from 10.0.0.3:7000") == "request chatcmpl-ff-0 from 10.0.0.3:7000 finished"
+    assert hit("finished from 10.0.0.3:7001") is None and hit("finished from 10.0.0.9") is None
+    arrival = ArrivalRecord(4, ("cmpl-ab12-0", "7"), ("10.0.0.2:6000", None))
+    assert hit("arrival", arrival) == "arrival: cmpl-ab12-0 from 10.0.0.2:6000, 7"
+    assert hit("arrival 10.0.0.2", arrival) == "arrival: cmpl-ab12-0 from 10.0.0.2:6000"
+    assert hit("arrival 10.0.0.3", arrival) is None and hit("finished", arrival) is None

@@ -26,6 +26,7 @@ from pathlib import Path
 from debugger.session import RequestView, describe_params
 from ..errors import TinyVLLMError
 from .engine_loop import EngineLoop, Update, _Abort, _Add, _Inbox
+from .replay import RequestResult
 
 _HTTP_CLIENT: contextvars.ContextVar = contextvars.ContextVar("tinyvllm_http_client", default=None)
 MAX_BODY_PEEK = 1 << 20   # bytes of a request body read for its "stream" field
@@ -311,6 +312,7 @@ class ReplayFeed(Feed):
     def __init__(self, recording, engine):
         from .replay import ReplayQueue
         self.queue = ReplayQueue(recording)
+        self._recorded = {r.request_id: r for r in recording.requests}
         self.engine = engine
         self.first_step = engine.num_steps
         self.started = time.perf_counter()
@@ -335,17 +337,17 @@ class ReplayFeed(Feed):
         return tuple(views)
 
     def stream_state(self, request_id: str) -> str:
-        for r in self.queue.recording.requests:
-            if r.request_id == request_id:
-                if request_id not in self.queue.finished:
-                    return f"recorded {len(r.token_ids or [])} tokens"
-                result = self.result(request_id)
-                return ("match" if result.matched else f"DIVERGED at token {result.diverged_at}"
-                        if result.diverged_at is not None else "DIVERGED (finish reason)")
-        return ""
-
-    def result(self, request_id: str):
-        return next(r for r in self._report().results if r.request_id == request_id)
+        recorded = self._recorded.get(request_id)
+        if recorded is None:
+            return ""
+        if request_id not in self.queue.finished:
+            return f"recorded {len(recorded.token_ids or [])} tokens"
+        replayed, reason = self.queue.finished[request_id][:2]
+        result = RequestResult(request_id, recorded.token_ids, replayed, recorded.finish_reason, reason)
+        if result.recorded is None:
+            return "not recorded to the end"
+        return ("match" if result.matched else f"DIVERGED at token {result.diverged_at}"
+                if result.diverged_at is not None else "DIVERGED (finish reason)")
 
     def _report(self):
         return self.queue.report(self.engine, time.perf_counter() - self.started, self.engine.num_steps - self.first_step)
