@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .common import device_empty
+from .kv_dtype import check_kv_pool_dtype
 from .weight_dtype import WEIGHT_DTYPES
 
 
@@ -44,7 +45,7 @@ class ResidualEpilogue:
 class RopeKVEpilogue:
     """W is [Wq; Wk; Wv] ([(n_heads + 2 n_kv_heads) head_dim, K]); the outputs are rope.rope_qkv's: q, k rotated
     by position, v as is, and k, v also stored at slot_mapping[t] of kv_pools = (k_pool, v_pool) ([num_blocks,
-    block_size, n_kv_heads, head_dim]; slot -1: nothing). out itself is never stored."""
+    block_size, n_kv_heads, head_dim], float32 or bf16 bits; slot -1: nothing). out itself is never stored."""
     positions: object     # int32 [T]
     inv_freq: object      # float32 [head_dim / 2]
     n_heads: int
@@ -109,6 +110,7 @@ def fused_outputs(x, w_bits, prologue: RMSNormPrologue | None, epilogue, out=Non
         k_pool, v_pool = e.kv_pools
         assert k_pool.shape == v_pool.shape and k_pool.shape[2:] == (e.n_kv_heads, e.head_dim), (k_pool.shape,
                                                                                                  v_pool.shape)
+        check_kv_pool_dtype(k_pool, v_pool)
         q_shape, kv_shape = (num_tokens, e.n_heads, e.head_dim), (num_tokens, e.n_kv_heads, e.head_dim)
         result.q = device_empty(q_shape, np.float32) if e.q is None else e.q
         result.k = device_empty(kv_shape, np.float32) if e.k is None else e.k

@@ -2,10 +2,10 @@
 
     out[m, n] = sum_k bf16(x[m, k]) * bf16(w[n, k])        x [M, K], w_bits u16 [N, K], out f32 [M, N]
 
-Activations enter as a bf16 buffer (uint16 [M, K]): the mma takes bf16, and the path that will feed it
-(issue 15's bf16 forward) produces bf16 activations. `gemm_tc` also takes float32 x and rounds it to bf16
-(nearest even) in one launch first (`to_bf16_rows`, 6 bytes a value of extra traffic: ~1 % of a
-prefill-size GEMM's time); weights are read as stored.
+Activations enter as a bf16 buffer (uint16 [M, K]): the mma takes bf16 (the fast precision,
+tinyvllm/kernel_plan.py, feeds it the SwiGLU gate's output as bf16 directly: activation.silu_mul_bf16).
+`gemm_tc` also takes float32 x and rounds it to bf16 (nearest even) in one launch first (`to_bf16_rows`, 6 bytes
+a value of extra traffic: ~1 % of a prefill-size GEMM's time); weights are read as stored.
 
 A block owns a block_m x block_n tile of out (tokens along y, features along x: neighbouring blocks
 share x's rows), `warps_m x warps_n` warps each a (block_m / warps_m) x (block_n / warps_n) part of it, made
@@ -66,8 +66,24 @@ class TileShape:
         assert self.shared_bytes() <= 48 * 1024, f"{self}: {self.shared_bytes()} B of static shared memory (48 KB)"
 
 
-# Chosen by scripts/sweep_tc_gemm.py (not yet run on the H200: a plain 128 x 128 tile, 4 warps of 64 x 64, until then).
-DEFAULT_TILE = TileShape()
+# Chosen by scripts/sweep_tc_gemm.py on the H200 (docs/bench/h200-round7-sweep_tc_gemm.log, Llama-3.2-1B's four
+# projections at 128, 1024 and 4096 tokens): the best geometric mean over the 12 cases. `tile_for` picks per GEMM.
+DEFAULT_TILE = TileShape(64, 128, 32, 2, 2, 3)
+LARGE_TILE = TileShape(128, 128, 32, 2, 2, 2)   # best where its blocks fill the GPU twice over (4096 tokens)
+SMALL_TILE = TileShape(64, 64, 32, 2, 2, 4)     # best where even DEFAULT_TILE's blocks do not fill it once (128)
+H200_SMS = 132
+
+
+def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> TileShape:
+    """The largest tile that still keeps every SM busy: the sweep's winner in each of its 12 cases (a 128 x 128
+    tile at 192 blocks lost to 64 x 128 at 384; 64 x 128 at 48 blocks lost to 64 x 64 at 96)."""
+    def blocks(tile: TileShape) -> int:
+        return cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
+    if blocks(LARGE_TILE) >= 2 * sm_count:
+        return LARGE_TILE
+    if blocks(DEFAULT_TILE) >= sm_count:
+        return DEFAULT_TILE
+    return SMALL_TILE
 
 
 @functools.cache

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
+from .kv_dtype import check_kv_pool_dtype, kv_from_f32
 
 THREADS = 128
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -99,7 +100,8 @@ def rope_kernel(x, positions, inv_freq, out):
 @jit(device=True)
 def store_qkv_pair(x1, x2, t, head, i, slot, positions, inv_freq, q, k, v, k_pool, v_pool):
     """Put one pair (x[i], x[i + head_dim / 2]) of token t's q|k|v head `head` (q heads, then k, then v)
-    where rope_qkv puts it: q and k pairs rotated, k and v pairs also at pool slot `slot` (-1: not stored).
+    where rope_qkv puts it: q and k pairs rotated, k and v pairs also at pool slot `slot` (-1: not stored), as
+    the pool stores them (float32, or bf16 rounded to nearest even: kv_dtype.kv_from_f32).
     rope_qkv's kernel and matmul's RoPE-fused GEMV share it, so both store the same bits."""
     n_heads, n_kv_heads, half = q.shape[1], k.shape[1], q.shape[2] // 2
     block_size = k_pool.shape[1]
@@ -113,15 +115,15 @@ def store_qkv_pair(x1, x2, t, head, i, slot, positions, inv_freq, q, k, v, k_poo
         k[t, kv_head, i] = x1
         k[t, kv_head, i + half] = x2
         if slot >= 0:
-            k_pool[slot // block_size, slot % block_size, kv_head, i] = x1
-            k_pool[slot // block_size, slot % block_size, kv_head, i + half] = x2
+            k_pool[slot // block_size, slot % block_size, kv_head, i] = kv_from_f32(x1, k_pool)
+            k_pool[slot // block_size, slot % block_size, kv_head, i + half] = kv_from_f32(x2, k_pool)
     else:
         kv_head = head - n_heads - n_kv_heads
         v[t, kv_head, i] = x1
         v[t, kv_head, i + half] = x2
         if slot >= 0:
-            v_pool[slot // block_size, slot % block_size, kv_head, i] = x1
-            v_pool[slot // block_size, slot % block_size, kv_head, i + half] = x2
+            v_pool[slot // block_size, slot % block_size, kv_head, i] = kv_from_f32(x1, v_pool)
+            v_pool[slot // block_size, slot % block_size, kv_head, i + half] = kv_from_f32(x2, v_pool)
 
 
 def _rope_qkv_kernel(write_pool: bool):
@@ -174,7 +176,7 @@ def rope_qkv(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, q_out=None
     [T], inv_freq float32 [hd/2] -> (q [T, n_heads, hd], k [T, n_kv_heads, hd], v [T, n_kv_heads, hd]), float32
     device arrays: q and k rotated exactly as rope() rotates them, v a copy. With kv_pools = (k_pool, v_pool)
     ([num_blocks, block_size, n_kv_heads, hd]) and slot_mapping int32 [T]: k and v are also stored at each
-    token's slot, as paged_attention.write_kv_paged stores them (-1 skips).
+    token's slot, as paged_attention.write_kv_paged stores them (-1 skips; a uint16 pool gets bf16 bits).
     """
     n_tokens, width = qkv.shape
     assert head_dim % 2 == 0 and inv_freq.shape == (head_dim // 2,), (head_dim, inv_freq.shape)
@@ -191,6 +193,7 @@ def rope_qkv(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, q_out=None
     else:
         kernel, (k_pool, v_pool) = rope_qkv_write_kv_kernel, kv_pools
         assert k_pool.shape == v_pool.shape and k_pool.shape[2:] == kv_shape[1:], (k_pool.shape, kv_shape)
+        check_kv_pool_dtype(k_pool, v_pool)
         assert slot_mapping is not None and slot_mapping.shape == (n_tokens,), "slot_mapping: one slot per token"
     n_pairs = n_tokens * (n_heads + 2 * n_kv_heads) * (head_dim // 2)
     if n_pairs:

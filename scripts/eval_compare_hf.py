@@ -61,7 +61,8 @@ def main() -> int:
     model = load_model(args.model, log=log)
     engine = LLMEngine(model, EngineConfig(max_num_seqs=args.max_num_seqs,
                                            max_num_batched_tokens=args.max_num_batched_tokens,
-                                           num_blocks=args.num_blocks, max_model_len=args.max_context), log=log)
+                                           num_blocks=args.num_blocks, max_model_len=args.max_context,
+                                           precision="fp32"), log=log)  # HF float32: the fp32 path
     config = EvalConfig(tasks=tuple(args.tasks.split(",")), num_fewshot=args.num_fewshot, limit=args.limit or None,
                         seed=args.seed, max_context=min(args.max_context, engine.max_model_len))
     tokenizer = engine.tokenizer

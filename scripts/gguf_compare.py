@@ -241,7 +241,7 @@ def engine_check(gguf_file, prompt_ids, hf, hf_stages, hf_greedy, rtol, args) ->
     decode_goldens = Goldens(goldens.path, goldens.meta, [
         {"input_ids": np.array(ids, np.int32), **capture_stages(hf, ids)} for ids in decode_ids])
     engine = LLMEngine(str(gguf_file), EngineConfig(num_blocks=256, max_model_len=1024, max_num_batched_tokens=2048,
-                                                     enable_prefix_caching=False))
+                                                     enable_prefix_caching=False, precision="fp32"))
     engine.generate([prompt_ids[0], prompt_ids[1][:3]], SamplingParams(temperature=0.0, max_tokens=2))  # compile
     together = check_goldens(engine, goldens, rtol=rtol)
     alone = [check_goldens(engine, Goldens(goldens.path, goldens.meta, [p]), rtol=rtol) for p in goldens.prompts]

@@ -88,7 +88,8 @@ def main() -> int:
         for ids, stages, greedy in zip(prompt_ids, hf_stages, hf_greedy)])
     # no prefix caching: the second pass below must prefill each prompt whole again
     engine = timed("tinyvllm load + upload", lambda: LLMEngine(model_dir, EngineConfig(
-        num_blocks=256, max_model_len=1024, max_num_batched_tokens=2048, enable_prefix_caching=False)))
+        num_blocks=256, max_model_len=1024, max_num_batched_tokens=2048, enable_prefix_caching=False,
+        precision="fp32")))  # HF float32 is the reference: the fp32 path
     from tinyvllm.sampling_params import SamplingParams
     timed("tinyvllm warm-up (numba compile)", lambda: engine.generate(
         [prompt_ids[0], prompt_ids[1][:3]], SamplingParams(temperature=0.0, max_tokens=2)))

@@ -2,7 +2,8 @@
 (CUDA cores, the runner's prefill kernel), one prompt of T tokens at Llama-3.2-1B's shape (32 heads over 8 KV heads,
 head_dim 64, blocks of 16), launches captured in a CUDA graph (sweep_gemv.time_in_graph).
 
-    python scripts/time_prefill_attention.py [--tokens 1024,4096] [--repeats 10]
+    python scripts/time_prefill_attention.py [--tokens 1024,4096] [--repeats 10] [--tc-variants 4x64,8x64]
+--tc-variants times prefill_tc with each WARPSxKEYS (warps per block x keys per shared K/V tile; the default 4x64).
 TFLOP/s counts the causal half: 2 T^2 head_dim n_heads FLOPs (Q K^T and P V). Each kernel's output is first
 compared with the other's (max |difference|; the tensor-core one rounds q, K, V and P to bf16: ~1e-2 expected).
 """
@@ -18,10 +19,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 64, 16
 
 
+def tc_variants(spec: str, seq, pos):
+    """(name, launcher, tiles) for each WARPSxKEYS of --tc-variants."""
+    import functools
+    from kernels_numba.attention import build_prefill_tc_tiles, paged_attention_prefill_tc
+    for item in filter(None, spec.split(",")):
+        warps, keys = (int(v) for v in item.split("x"))
+        yield (f"prefill_tc {warps}x{keys}",
+               functools.partial(paged_attention_prefill_tc, warps=warps, keys_per_tile=keys),
+               build_prefill_tc_tiles(seq, pos, N_HEADS // N_KV_HEADS, warps))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1024,4096")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tc-variants", default="", help="prefill_tc WARPSxKEYS,... (default: its defaults only)")
     args = parser.parse_args()
     from kernels_numba.common import cuda
     from kernels_numba.attention import (build_prefill_gqa_tiles, build_prefill_tc_tiles, paged_attention_prefill_gqa,
@@ -42,7 +55,8 @@ def main():
         for name, launcher, tiles in (
                 ("prefill_gqa", paged_attention_prefill_gqa,
                  build_prefill_gqa_tiles(seq, pos, HEAD_DIM, N_HEADS // N_KV_HEADS)),
-                ("prefill_tc", paged_attention_prefill_tc, build_prefill_tc_tiles(seq, pos, N_HEADS // N_KV_HEADS))):
+                ("prefill_tc", paged_attention_prefill_tc, build_prefill_tc_tiles(seq, pos, N_HEADS // N_KV_HEADS)),
+                *tc_variants(args.tc_variants, seq, pos)):
             out = cuda.to_device(np.full((tokens, N_HEADS, HEAD_DIM), np.nan, np.float32))
             launch = lambda i: launcher(q, k_pool, v_pool, tables, seq, pos, 0.125, out=out, tiles=tiles)
             launch(0)

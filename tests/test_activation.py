@@ -1,7 +1,10 @@
 import numpy as np
 import pytest
 
-from kernels_numba.activation import residual_add, residual_add_ref, silu_mul, silu_mul_ref, silu_ref
+import ml_dtypes
+
+from kernels_numba.activation import (residual_add, residual_add_ref, silu_mul, silu_mul_bf16, silu_mul_ref,
+                                 silu_ref)
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
 
@@ -27,6 +30,20 @@ def test_silu_mul_matches_ref(rng, shape):
     # exp may differ by an ulp between the device and numpy; after the divide and multiply that stays
     # below 1e-6 relative. atol only matters for denormal results (gate around -100).
     np.testing.assert_allclose(got, silu_mul_ref(gate, up), rtol=1e-6, atol=1e-38)
+
+
+def test_silu_mul_bf16_is_silu_mul_rounded_to_nearest_even(rng):
+    # Strided gate / up views, as the MLP passes them (the halves of gate|up). The device's silu_mul agrees with
+    # numpy to 1e-6 relative (above), so compare with the device's own float32 result rounded by ml_dtypes:
+    # then every bit must match.
+    gate_up = (rng.standard_normal((5, 2 * 40)) * 4).astype(np.float32)
+    gate_up[0, :len(EXTREME_GATES)] = EXTREME_GATES
+    d = cuda.to_device(gate_up)
+    out = poisoned((5, 40), np.uint16)
+    got = silu_mul_bf16(d[:, :40], d[:, 40:], out=out)
+    assert got is out
+    want = silu_mul(d[:, :40], d[:, 40:]).copy_to_host().astype(ml_dtypes.bfloat16).view(np.uint16)
+    np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
 def test_silu_limits():

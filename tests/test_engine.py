@@ -155,3 +155,51 @@ def test_requests_and_sequences_count_their_ids_apart(model):
     assert [e.request(i).seq.seq_id for i in ids] == [0, 1, 2]
     assert e.add_request(PROMPTS[3], GREEDY, request_id="4") == "4"
     assert e.add_request(PROMPTS[3], GREEDY) == "3" and e.add_request(PROMPTS[3], GREEDY) == "5"  # 4 is taken
+
+
+def test_batch_layout_is_each_chunk_at_its_positions_and_slots(model):
+    """_build_batch lays out every scheduled chunk (prefill chunks, prefix-cache hits, decodes, mixed) as the
+    per-sequence definition says: its tokens, positions start..end-1, its row, slot = table[p // bs] * bs +
+    p % bs (BlockManager.slots); driven without kernels, the scheduler fed made-up tokens."""
+    e = engine(model, max_num_batched_tokens=13, max_num_seqs=3, num_blocks=40)
+    rng = np.random.default_rng(7)
+    shared = rng.integers(3, 300, 9).tolist()
+    for n in (11, 2, 17, 5):
+        e.add_request(rng.integers(3, 300, n).tolist(), GREEDY)
+    e.add_request(shared + [7, 8], GREEDY)
+    e.add_request(shared + [9], GREEDY)  # the first one's full blocks: a prefix-cache hit once committed
+    kinds = set()
+    for _ in range(40):
+        schedule = e.scheduler.schedule()
+        if schedule.is_empty:
+            break
+        batch, plan = e._build_batch(schedule)
+        tokens, positions, rows, slots = [], [], [], []
+        for row, s in enumerate(schedule.scheduled):
+            tokens += s.token_ids
+            positions += range(s.start, s.end)
+            rows += [row] * s.num_new_tokens
+            slots += e.block_manager.slots(s.seq, s.start, s.end)
+            kinds.add("decode" if s.num_new_tokens == 1 and s.start >= s.seq.num_prompt_tokens else
+                      "cached start" if s.start > 0 and s.start == s.seq.num_cached_tokens else "prefill")
+        assert batch.token_ids.tolist() == tokens and batch.positions.tolist() == positions
+        assert batch.query_seq.tolist() == rows and batch.slot_mapping.tolist() == slots
+        assert batch.logits_rows.tolist() == plan.rows
+        sampled = {s.seq.seq_id: 5 for s in schedule.scheduled if s.samples}
+        e.scheduler.update(schedule, sampled)
+        for s in schedule.scheduled:
+            if s.samples and s.seq.num_output_tokens >= 2:
+                e.scheduler.finish(s.seq)
+    assert kinds == {"decode", "cached start", "prefill"} and not e.scheduler.has_unfinished
+
+
+def test_token_id_prompts_of_any_int_type_are_checked_alike(model):
+    e = engine(model)
+    vocab = model.config.vocab_size
+    for prompt in ([1, -2, 3], np.array([1, -2, 3]), [np.int32(1), -2, 3]):
+        e.add_request(prompt, GREEDY)
+    e.add_request([5, vocab], GREEDY)
+    outputs = [o for o in e.step() if o.finished]
+    assert [o.error for o in outputs[:3]] == ["token ids outside the vocabulary [0, 640): [-2]"] * 3
+    assert outputs[3].error == f"token ids outside the vocabulary [0, 640): [{vocab}]"
+    assert e.prepare_prompt([4, 5, 6])[1] == [4, 5, 6] == e.prepare_prompt(np.array([4, 5, 6]))[1]

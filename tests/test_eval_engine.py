@@ -5,6 +5,8 @@ Tolerance: the engine's logprobs match HF's log_softmax within 1e-4 (tests/test_
 why); a choice's score sums up to three of them, so 3e-4. A wrong trie node (a token missing from the
 prompt, an off-by-one position) or a logprob of the wrong token is off by 1e-1 or more.
 """
+import gc
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,24 @@ def test_generation_adapter_gives_the_engines_greedy_text(model):
     assert [r.text for r in results] == [o.text for o in plain]
     assert all(isinstance(r, Generation) for r in results)
     assert [r.output_tokens for r in results] == [len(o.token_ids) for o in plain]
+
+
+def test_scoring_leaves_no_reference_cycles_per_request(model):
+    """EngineBackend scores with the cyclic garbage collector off (backends.without_cyclic_gc): what the engine
+    and the backend make per request must be freed by reference counting alone, so the garbage a collection
+    finds afterwards does not grow with the number of requests (a fixed few: the run's own closures)."""
+    backend = EngineBackend(engine(model))
+
+    def jobs(n):
+        return [LoglikelihoodJob([3 + j, 4, 5], [(6,), (7, 8)]) for j in range(n)]
+    collect(backend.loglikelihoods, jobs(1))  # first-use caches
+    garbage = []
+    for n in (2, 8):
+        gc.collect()
+        gc.disable()
+        try:
+            collect(backend.loglikelihoods, jobs(n))
+            garbage.append(gc.collect())
+        finally:
+            gc.enable()
+    assert garbage[0] == garbage[1], garbage

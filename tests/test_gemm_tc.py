@@ -126,3 +126,16 @@ def test_gemm_tc_model_shapes_on_the_gpu(rng, m, n, k):
     assert not np.isnan(got).any(), "some outputs were never written"
     columns = np.sort(rng.choice(n, size=min(n, 512), replace=False))
     _assert_within_bound(got, x, w_bits, columns)
+
+
+def test_tile_for_picks_the_sweeps_winners():
+    """Every case of the H200 sweep (docs/bench/h200-round7-sweep_tc_gemm.log): (tokens, N of the projection) -> the
+    tile that won it. qkv 3072, o_proj 2048, gate_up 16384, down 2048 output features."""
+    from kernels_numba.gemm_tc import LARGE_TILE, SMALL_TILE, tile_for
+    winners = {(128, 3072): SMALL_TILE, (128, 2048): SMALL_TILE, (128, 16384): DEFAULT_TILE,
+               (1024, 3072): DEFAULT_TILE, (1024, 2048): DEFAULT_TILE, (1024, 16384): LARGE_TILE,
+               (4096, 3072): LARGE_TILE, (4096, 2048): LARGE_TILE, (4096, 16384): LARGE_TILE}
+    for (m, n), tile in winners.items():
+        assert tile_for(m, n) == tile, (m, n)
+    for tile in (DEFAULT_TILE, LARGE_TILE, SMALL_TILE):
+        tile.check()

@@ -13,6 +13,7 @@ from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESC
                                   linear_kernel_name, linear_ref)
 from kernels_numba.activation import silu_mul_ref, silu_ref
 from kernels_numba.attention import write_kv_paged_ref
+from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
 from kernels_numba.rmsnorm import rmsnorm_ref
 from kernels_numba.rope import rope_inv_freq, rope_qkv, rope_qkv_ref
 from tests.helpers import poisoned
@@ -207,17 +208,19 @@ SLOTS = {1: [5], 2: [-1, 9], 3: [13, -1, 2]}
 POSITIONS = [4093, 17, 2047]
 
 
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.uint16])  # float32 or bf16 (uint16) pools
 @pytest.mark.parametrize("num_tokens", [1, 2, 3])
 @pytest.mark.parametrize("n_heads, n_kv_heads, head_dim, hidden", [(4, 2, 16, 64), (2, 1, 8, 66), (3, 1, 6, 64)])
 def test_gemv_fused_rmsnorm_rope_matches_norm_linear_rope_and_the_pool_writes(rng, num_tokens, n_heads, n_kv_heads,
-                                                                         head_dim, hidden):
+                                                                         head_dim, hidden, kv_dtype):
     """Against numpy: rmsnorm_ref -> linear_ref -> rope_qkv_ref -> write_kv_paged_ref. Each q|k|v dot product is
     within the norm-fused gemv's bound e (see test_gemv_fused_rmsnorm_matches_rmsnorm_then_linear); a rotated value
     x1 cos - x2 sin moves by at most e1 + e2 (|cos|, |sin| <= 1), plus rope's own cos/sin difference (rope
     tests' TOL: 1e-5 absolute and relative). v is copied: e alone. Against the unfused launches (RMSNorm-fused then
     rope_qkv with the pools, same launch shape): the same dot products and the same rotate_pair, so in the
     simulator every bit of q, k, v, normed and both pools is the same; on a GPU the rotation's multiply-adds may
-    contract differently (an FMA rounds once instead of twice): within 4 u (|x1| + |x2|)."""
+    contract differently (an FMA rounds once instead of twice): within 4 u (|x1| + |x2|), and a bf16 pool's values
+    then within one bf16 ulp (2^-8 relative) of each other. A bf16 pool holds exactly the rounded k and v returned."""
     eps, block_size, num_blocks = 1e-5, 4, 5
     width = (n_heads + 2 * n_kv_heads) * head_dim
     h = (3 * rng.standard_normal((num_tokens, hidden))).astype(np.float32)
@@ -227,8 +230,8 @@ def test_gemv_fused_rmsnorm_rope_matches_norm_linear_rope_and_the_pool_writes(rn
     slots = np.array(SLOTS[num_tokens], dtype=np.int32)
     inv_freq = rope_inv_freq(head_dim, 500000.0, None)
     pool_shape = (num_blocks, block_size, n_kv_heads, head_dim)
-    k_pool = rng.standard_normal(pool_shape).astype(np.float32)
-    v_pool = rng.standard_normal(pool_shape).astype(np.float32)
+    k_pool = kv_encode_ref(rng.standard_normal(pool_shape), kv_dtype)
+    v_pool = kv_encode_ref(rng.standard_normal(pool_shape), kv_dtype)
     d_h, d_gains, d_w = cuda.to_device(h), cuda.to_device(gains), cuda.to_device(w_bits)
     d_positions, d_inv_freq, d_slots = cuda.to_device(positions), cuda.to_device(inv_freq), cuda.to_device(slots)
     d_k_pool, d_v_pool = cuda.to_device(k_pool), cuda.to_device(v_pool)
@@ -272,9 +275,11 @@ def test_gemv_fused_rmsnorm_rope_matches_norm_linear_rope_and_the_pool_writes(rn
     largest_pair = 2 * np.abs(unfused_qkv.copy_to_host()).max()  # >= |x1| + |x2| of every pair
     for got, want in zip((q, k, v, normed, got_k_pool, got_v_pool), unfused):
         if matmul.SIMULATOR:
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+            bits = [a.view(np.uint32) if a.dtype == np.float32 else a for a in (got, want)]  # bf16 pools: uint16
+            np.testing.assert_array_equal(*bits)
         else:
-            np.testing.assert_allclose(got, want, rtol=0, atol=4 * UNIT_ROUNDOFF * largest_pair)
+            atol = (4 * UNIT_ROUNDOFF + (2.0**-8 if got.dtype == np.uint16 else 0)) * largest_pair
+            np.testing.assert_allclose(kv_decode_ref(got), kv_decode_ref(want), rtol=0, atol=atol)
 
 
 def test_gemv_fused_rmsnorm_rope_allocates_its_outputs(rng):

@@ -14,6 +14,7 @@ from kernels_numba.attention import (
     paged_attention_prefill_gqa, paged_attention_split_keys, paged_attention_ref, write_kv_paged,
     paged_attention_decode_gqa, paged_attention_flash_decode, split_partitions,
     write_kv_paged_ref)
+from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
 from tests.helpers import poisoned
 
 UNIT_ROUNDOFF = 2.0**-24
@@ -100,16 +101,20 @@ def _step(rng, specs, block_size, n_heads, n_kv_heads, head_dim, shuffle=True) -
         query_seq=np.array(query_seq, np.int32)[order], query_pos=np.array(query_pos, np.int32)[order])
 
 
-def _write(step: Step):
-    """write_kv_paged on the device; checks the pools bit-exactly and returns the device and host pools."""
-    d_k_pool, d_v_pool = cuda.to_device(step.k_pool), cuda.to_device(step.v_pool)
+def _write(step: Step, kv_dtype=np.float32):
+    """write_kv_paged on the device into pools of kv_dtype (float32, or uint16 bf16 bits: the step's pools encoded,
+    poison included); checks the pools bit-exactly and returns the device pools and the host pools' float32 values
+    (a bf16 pool's decoded: the rounded K/V every attention reference then uses)."""
+    k_pool, v_pool = kv_encode_ref(step.k_pool, kv_dtype), kv_encode_ref(step.v_pool, kv_dtype)
+    d_k_pool, d_v_pool = cuda.to_device(k_pool), cuda.to_device(v_pool)
     write_kv_paged(cuda.to_device(step.k), cuda.to_device(step.v), d_k_pool, d_v_pool,
                    cuda.to_device(step.slot_mapping))
-    want_k_pool, want_v_pool = write_kv_paged_ref(step.k, step.v, step.k_pool, step.v_pool, step.slot_mapping)
-    # A copy is bit-exact; the padding row lands nowhere and every other entry keeps its poison (NaN == NaN here).
+    want_k_pool, want_v_pool = write_kv_paged_ref(step.k, step.v, k_pool, v_pool, step.slot_mapping)
+    # A copy (or a bf16 rounding to nearest even) is bit-exact; the padding row lands nowhere and every other entry
+    # keeps its poison (NaN == NaN here).
     np.testing.assert_array_equal(d_k_pool.copy_to_host(), want_k_pool)
     np.testing.assert_array_equal(d_v_pool.copy_to_host(), want_v_pool)
-    return d_k_pool, d_v_pool, want_k_pool, want_v_pool
+    return d_k_pool, d_v_pool, kv_decode_ref(want_k_pool), kv_decode_ref(want_v_pool)
 
 
 def _gather(pool, block_tables, seq, n_keys):
@@ -154,11 +159,12 @@ def _stretch(step: Step, scale, q_gain, score_offset):
 
 
 def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled",
-           table_width=0):
+           table_width=0, kv_dtype=np.float32):
     """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores.
     kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys" / "decode_gqa" /
     "flash_decode" / "gqa": that kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever
-    the scenario. table_width: pad the block tables with -1 to that many blocks (a graph's longest context)."""
+    the scenario. table_width: pad the block tables with -1 to that many blocks (a graph's longest context).
+    kv_dtype: the pools' (np.uint16: bf16 bits); the reference and the tolerance use the pools' float32 values."""
     decode = scenario == "decode"
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
                  shuffle=not decode)
@@ -166,7 +172,7 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
     step.block_tables = np.pad(step.block_tables, ((0, 0), (0, padding)), constant_values=-1)
     scale = 1.0 / np.sqrt(head_dim)
     _stretch(step, scale, q_gain, score_offset)
-    d_k_pool, d_v_pool, k_pool, v_pool = _write(step)
+    d_k_pool, d_v_pool, k_pool, v_pool = _write(step, kv_dtype)
     d_q, d_tables = cuda.to_device(step.q), cuda.to_device(step.block_tables)
     out = poisoned(step.q.shape, np.float32)
 
@@ -252,6 +258,30 @@ def test_stable_when_every_naive_exp_overflows_or_underflows(rng, scenario, kern
     # Every score is 600 +- O(1) (or -600 +- O(1)): exp(score) is inf (or 0, so 0/0) for all keys in float32,
     # yet the softmax weights are well mixed, so the result must still match the reference closely.
     scores = _check(rng, scenario, 16, 4, 2, 12, score_offset=score_offset, kernel=kernel)
+    assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
+
+
+# bf16 pools (uint16 bit patterns, kernels_numba.kv_dtype): write_kv_paged rounds K and V to nearest even (_write
+# checks every bit), and each launcher computes the float32 pool's math on the rounded values: decoding a bf16 is
+# exact, so with the reference run on the decoded pool the float32 path's bound (_tolerance) holds unchanged.
+# Every launcher on the engine's path, plus the readable prefill and split_keys, on decode and prefill steps.
+BF16_POOL_CASES = [
+    ("decode", "tiled", LAYOUTS[2]),  # paged_attention_decode: per_query
+    ("chunked", "per_query", LAYOUTS[3]),
+    ("decode", "decode_gqa", LAYOUTS[1]), ("shared_prefix", "decode_gqa", LAYOUTS[2]),
+    ("decode", "flash_decode", LAYOUTS[2]), ("chunked", "flash_decode", LAYOUTS[1]),
+    ("chunked", "gqa", LAYOUTS[2]),
+    ("shared_prefix", "tiled", LAYOUTS[1]),  # paged_attention_prefill (readable)
+    ("decode", "split_keys", LAYOUTS[2])]
+
+
+@pytest.mark.parametrize("scenario, kernel, layout", BF16_POOL_CASES)
+def test_bf16_pool_matches_ref_on_the_rounded_kv(rng, scenario, kernel, layout):
+    _check(rng, scenario, *layout, kernel=kernel, kv_dtype=np.uint16)
+
+
+def test_bf16_pool_stable_when_every_naive_exp_overflows(rng):
+    scores = _check(rng, "chunked", 16, 4, 2, 12, score_offset=600.0, kernel="decode_gqa", kv_dtype=np.uint16)
     assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
 
 

@@ -10,8 +10,9 @@ from kernels_numba.common import cuda
 from tests.helpers import poisoned
 from tests.test_paged_attention import LOG_F32_MAX, _gather, _scenario, _step, _stretch, _write
 
-# (block_size, n_heads, n_kv_heads, head_dim): groups 1, 2 and 4, head_dim 16 (one k step of Q K^T) and 32 (two)
-TC_LAYOUTS = [(4, 2, 2, 16), (16, 4, 2, 16), (4, 8, 2, 32)]
+# (block_size, n_heads, n_kv_heads, head_dim): groups 1, 2 and 4, head_dim 16 (one k step of Q K^T) and 32 (two);
+# group 3 (SmolLM2's) does not divide a warp's 16 rows: 5 queries a tile and one padding row
+TC_LAYOUTS = [(4, 2, 2, 16), (16, 4, 2, 16), (4, 8, 2, 32), (4, 6, 2, 16)]
 
 
 def _bf16(x):
@@ -19,16 +20,18 @@ def _bf16(x):
 
 
 def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1, keys_per_tile=16, q_gain=1.0,
-              score_offset=0.0):
+              score_offset=0.0, kv_dtype=np.float32, want_bits=None):
     """Run the step through prefill_tc (in the simulator: 1-warp blocks of 16 / group queries, 16-key tiles, so the
     scenarios' up-to-33-key contexts cross 3 key tiles and their queries several query tiles). Bound: P enters the
     second mma as bf16 (2^-9 relative) while l sums float32 P: 2^-8 of W = sum_j p_j |v_j| / sum_j p_j, plus the
     float32 sums; 2^-7 W checked. The scores' own float32 error E (head_dim products of bf16, 2^-23 each of
-    sum |q k|) moves the weights by at most a factor exp(2E), as in test_paged_attention's _tolerance."""
+    sum |q k|) moves the weights by at most a factor exp(2E), as in test_paged_attention's _tolerance.
+    kv_dtype np.uint16: bf16 pools (the same bound: the kernel rounds a float32 pool's K/V to exactly those bits).
+    Returns (scores, the output's bits)."""
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim)
     scale = 1.0 / np.sqrt(head_dim)
     _stretch(step, scale, q_gain, score_offset)
-    d_k_pool, d_v_pool, k_pool, v_pool = _write(step)
+    d_k_pool, d_v_pool, k_pool, v_pool = _write(step, kv_dtype)
     d_seq, d_pos = cuda.to_device(step.query_seq), cuda.to_device(step.query_pos)
     tiles = build_prefill_tc_tiles(d_seq, d_pos, n_heads // n_kv_heads, warps) if scenario != "whole_prompt" else None
     out = poisoned(step.q.shape, np.float32)
@@ -54,12 +57,12 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     tol = (2.0**-7 + np.expm1(2 * score_err)) * weight + 1e-6
     err = np.abs(got.astype(np.float64) - want)
     assert (err <= tol).all(), f"max err {err.max()}, worst err/tol {(err / tol).max()}"
-    return scores
+    return scores, got.view(np.uint32)
 
 
 @pytest.mark.parametrize("scenario, layout", [
     ("whole_prompt", TC_LAYOUTS[0]), ("chunked", TC_LAYOUTS[1]), ("shared_prefix", TC_LAYOUTS[2]),
-    ("decode", TC_LAYOUTS[1])])
+    ("decode", TC_LAYOUTS[1]), ("chunked", TC_LAYOUTS[3])])
 def test_prefill_tc_matches_ref(rng, scenario, layout):
     _check_tc(rng, scenario, *layout)
 
@@ -74,8 +77,18 @@ def test_prefill_tc_at_the_gpu_shape(rng):
 def test_prefill_tc_stable_with_huge_scores(rng, q_gain, score_offset):
     # Score gaps of +-1000s (the running max rises, exp(m_old - m_new) underflows), and every score 600 +- O(1)
     # (a naive exp overflows for every key).
-    scores = _check_tc(rng, "chunked", 4, 4, 2, 16, q_gain=q_gain, score_offset=score_offset)
+    scores, _ = _check_tc(rng, "chunked", 4, 4, 2, 16, q_gain=q_gain, score_offset=score_offset)
     assert max(np.abs(s).max() for s in scores) > LOG_F32_MAX, "scores too small to prove anything"
+
+
+@pytest.mark.parametrize("scenario, layout", [("chunked", TC_LAYOUTS[1])])
+def test_prefill_tc_bf16_pool_is_the_float32_pools_result_bit_for_bit(scenario, layout):
+    # A bf16 pool's rows are copied into shared memory 16 bytes at a time (cp.async); a float32 pool's are rounded to
+    # bf16 one element at a time: the same K/V (one seed for both steps) give the same tiles, so the same output
+    # bits; and both are within the bound of the reference on the rounded K/V.
+    results = [_check_tc(np.random.default_rng(15), scenario, *layout, kv_dtype=kv_dtype)[1]
+               for kv_dtype in (np.float32, np.uint16)]
+    np.testing.assert_array_equal(results[1], results[0])
 
 
 def test_prefill_tc_rejects_unfit_shapes(rng):
@@ -85,7 +98,7 @@ def test_prefill_tc_rejects_unfit_shapes(rng):
     ones = cuda.to_device(np.ones(1, np.int32))
     with pytest.raises(AssertionError, match="multiple of 16"):
         paged_attention_prefill_tc(q, pool, pool, table, ones, ones, 1.0)
-    q = cuda.to_device(np.ones((1, 3, 16), np.float32))
+    q = cuda.to_device(np.ones((1, 17, 16), np.float32))
     pool = cuda.to_device(np.ones((1, 4, 1, 16), np.float32))
-    with pytest.raises(AssertionError, match="does not divide"):
+    with pytest.raises(AssertionError, match="does not fit"):
         paged_attention_prefill_tc(q, pool, pool, table, ones, ones, 1.0, warps=1)

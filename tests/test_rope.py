@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import cuda
+from kernels_numba.kv_dtype import kv_encode_ref
 from kernels_numba.rope import rope, rope_inv_freq, rope_qkv, rope_qkv_ref, rope_ref
 from tests.helpers import poisoned
 from tests.references import require
@@ -179,9 +180,11 @@ def test_rope_qkv_allocates_its_outputs(rng):
         np.testing.assert_allclose(got.copy_to_host(), want, **TOL)
 
 
-def test_rope_qkv_stores_k_and_v_into_the_paged_pools(rng):
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.uint16])
+def test_rope_qkv_stores_k_and_v_into_the_paged_pools(rng, kv_dtype):
     """With the pools: k and v land at each token's slot exactly as write_kv_paged_ref puts them (bit for bit:
-    the same values rope_qkv returns), padding slots (-1) write nothing, every other pool entry keeps its value."""
+    the same values rope_qkv returns, or in a bf16 pool (uint16) exactly their round-to-nearest-even bf16 bits),
+    padding slots (-1) write nothing, every other pool entry keeps its value."""
     from kernels_numba.attention import write_kv_paged_ref
     n_heads, n_kv_heads, head_dim, block_size, num_blocks = 4, 2, 8, 4, 5
     n_tokens = 6
@@ -190,8 +193,8 @@ def test_rope_qkv_stores_k_and_v_into_the_paged_pools(rng):
     slots = np.array([13, 2, -1, 19, 7, 0], dtype=np.int32)  # scattered over blocks; one padding token
     inv_freq = rope_inv_freq(head_dim, 10000.0, None)
     pool_shape = (num_blocks, block_size, n_kv_heads, head_dim)
-    k_pool = rng.standard_normal(pool_shape).astype(np.float32)
-    v_pool = rng.standard_normal(pool_shape).astype(np.float32)
+    k_pool = kv_encode_ref(rng.standard_normal(pool_shape), kv_dtype)
+    v_pool = kv_encode_ref(rng.standard_normal(pool_shape), kv_dtype)
     d_k_pool, d_v_pool = cuda.to_device(k_pool), cuda.to_device(v_pool)
     q, k, v = rope_qkv(cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(inv_freq), n_heads,
                        n_kv_heads, head_dim, kv_pools=(d_k_pool, d_v_pool), slot_mapping=cuda.to_device(slots))

@@ -63,3 +63,13 @@ def test_float32_weights_count_four_bytes_a_weight():
     assert f32["embedding"].bytes - bf16["embedding"].bytes == 2 * 2 * H   # the two rows gathered
     from tinyvllm.bench import weight_bytes
     assert weight_bytes(CONFIG, 4) == 2 * weight_bytes(CONFIG)
+
+
+def test_a_bf16_kv_pool_counts_two_bytes_a_cached_element():
+    batch = ForwardBatch(token_ids=[1, 2], positions=[5, 1], query_seq=[0, 1], slot_mapping=[5, 17],
+                         block_tables=np.array([[0], [1]]), logits_rows=[0, 1])
+    f32, bf16 = stage_costs(CONFIG, batch, 2), stage_costs(CONFIG, batch, 2, kv_element_bytes=2)
+    kv_width = 2 * 2  # n_kv_heads x head_dim
+    assert f32["attn"].bytes - bf16["attn"].bytes == (6 + 2) * kv_width * 2 * 2  # K and V of 8 cached tokens
+    assert f32["q"].bytes - bf16["q"].bytes == 2 * kv_width * 2 * 2  # 2 tokens' k and v stored
+    assert f32["attn"].flops == bf16["attn"].flops

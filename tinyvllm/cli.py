@@ -8,6 +8,7 @@ import sys
 import traceback
 
 from .errors import TinyVLLMError
+from .config import KV_CACHE_DTYPE_CHOICES, PRECISIONS
 from .prompts_file import FORMATS, PromptSpec, read_prompt_specs
 
 # The sampling flags' defaults: greedy. --use-generation-config lets the model's settings fill the flags
@@ -138,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--goldens", metavar="FILE", help="golden .npz (default: the demo model's, tinyvllm/goldens/demo.npz)")
     c.add_argument("--rtol", type=float, help="max error relative to each stage's largest value")
     c.add_argument("--no-greedy", action="store_true", help="skip the greedy continuation check")
-    c.set_defaults(run=_check_goldens)
+    c.set_defaults(run=_check_goldens, precision="fp32")  # goldens are HF float32: the fp32 path only
 
     from . import bench
     b = sub.add_parser("bench", help="benchmark latency, prefill, throughput and serving (optionally vs HF)",
@@ -163,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="MMLU / GPQA-diamond accuracy of a model or an OpenAI-compatible server")
     _engine_args(e)
     evaluation_cli.add_arguments(e)
-    e.set_defaults(run=evaluation_cli.run, max_num_seqs=32, max_num_batched_tokens=4096)
+    # scoring is prefill-bound: big steps (the settings of the H200 runs in docs/eval.md; eval_profile.py --sweep)
+    e.set_defaults(run=evaluation_cli.run, max_num_seqs=256, max_num_batched_tokens=16384)
 
     from . import trace
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
@@ -171,11 +173,11 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_session_arguments(d)
     from .serving import debug_cli
     debug_cli.add_debug_arguments(d)
-    d.set_defaults(run=_debug, block_size=4, num_blocks=64)  # small blocks make a readable pool grid
+    d.set_defaults(run=_debug, block_size=4, num_blocks=64, precision="fp32")  # small blocks: a readable pool grid
     t = sub.add_parser("trace", help="run up to one stage and print its stats, golden diff and values")
     _engine_args(t)
     trace.add_arguments(t)
-    t.set_defaults(run=_trace)
+    t.set_defaults(run=_trace, precision="fp32")
     return parser
 
 
@@ -196,6 +198,12 @@ def _engine_args(p):
     e.add_argument("--no-chunked-prefill", action="store_true",
                    help="prefill each prompt in one step (default: chunks within the token budget)")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prefixes")
+    e.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default="auto",
+                   help="KV cache elements: float32 (the reference) or bfloat16 (half the memory and bytes read); "
+                        "auto (default): bfloat16 with the fast precision, else float32")
+    e.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="fp32: float32 activations (the reference); fast: bf16 activations into tensor cores, "
+                        "float32 accumulation; auto: fast on a GPU with bf16 weights, else fp32")
 
 
 def _engine(args):
@@ -204,7 +212,8 @@ def _engine(args):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
         max_model_len=args.max_model_len, chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching)
+        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching,
+        kv_cache_dtype=args.kv_cache_dtype, precision=args.precision)
     return LLMEngine(args.model, config)
 
 
@@ -323,6 +332,13 @@ def _run_with_live_output(engine, args, specs: list[PromptSpec]) -> dict:
 
 def _check_goldens(args) -> int:
     from .golden_check import DEFAULT_GOLDENS, DEFAULT_RTOL, Goldens, GreedyResult, check_goldens
+    if args.precision == "fast":
+        raise TinyVLLMError("check-goldens compares with HF float32 goldens at 1e-4: it runs --precision fp32 only "
+                            "(scripts/fast_path_compare.py checks the fast path against HF bf16 on a GPU)")
+    if args.kv_cache_dtype == "bfloat16":
+        raise TinyVLLMError("check-goldens compares with HF float32 goldens at 1e-4: it runs a float32 KV cache only")
+    args.precision = "fp32"  # auto too
+    args.kv_cache_dtype = "float32"
     goldens = Goldens.load(args.goldens or DEFAULT_GOLDENS)
     engine = _engine(args)
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol

@@ -18,6 +18,11 @@ from .errors import ModelLoadError
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
+# EngineConfig.precision's values (tinyvllm/kernel_plan.py: what each runs); here so the CLI names them without
+# importing the kernels.
+PRECISIONS = ("auto", "fp32", "fast")
+KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # auto: bfloat16 with the fast precision (kv_pool)
+
 _REQUIRED = object()
 # Optional keys default as in transformers' LlamaConfig, so a sparse config.json means here what it means to HF.
 _HF_DEFAULT_RMS_NORM_EPS = 1e-6

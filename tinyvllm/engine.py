@@ -28,7 +28,9 @@ from kernels_numba.sampling import argmax, sample, suppress_tokens
 from .block_manager import BlockManager
 from .cuda_graphs import DecodeGraphs, PendingTokens
 from .errors import TinyVLLMError
-from .kv_pool import KVPool, default_num_blocks
+from .config import PRECISIONS
+from .kernel_plan import resolve_precision
+from .kv_pool import KV_CACHE_DTYPES, KVPool, default_num_blocks, resolve_kv_cache_dtype
 from .logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from .metrics import MetricsCollector, RequestMetrics
 from .model import LoadedModel, load_model, log_to_stderr
@@ -59,6 +61,10 @@ class EngineConfig:
     cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
     pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
     #                                       previous one's tokens back (see _InFlight)
+    kv_cache_dtype: str = "auto"          # "float32", "bfloat16" (kv_pool.KVPool), or "auto": bfloat16 with the
+    #                                       fast precision, float32 with fp32 (kv_pool.resolve_kv_cache_dtype)
+    precision: str = "auto"               # "fp32" (the reference), "fast" (bf16 activations into tensor cores),
+    #                                       "auto": fast on a GPU with bf16 weights (kernel_plan.resolve_precision)
 
     def __post_init__(self):
         def check(ok, message):
@@ -71,6 +77,9 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES + ("auto",),
+              f"kv_cache_dtype must be auto or one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        check(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
 
 @dataclass
@@ -174,14 +183,17 @@ class LLMEngine:
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
         c = self.model.config
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
+        self.precision = resolve_precision(config.precision, self.model.weights.embed_tokens.dtype)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.precision)
         num_blocks, why = config.num_blocks, "as configured"
         if num_blocks is None:
             num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, self.max_model_len,
-                                                 config.enable_prefix_caching, config.gpu_memory_fraction)
+                                                 config.enable_prefix_caching, config.gpu_memory_fraction,
+                                                 self.kv_cache_dtype)
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
-        self.kv_pool = KVPool(c, num_blocks, config.block_size)
-        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq)
+        self.kv_pool = KVPool(c, num_blocks, config.block_size, self.kv_cache_dtype)
+        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq, precision=self.precision)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
@@ -204,8 +216,9 @@ class LLMEngine:
         self.last_batch: ForwardBatch | None = None
         self.num_steps = 0
         self._in_flight: _InFlight | None = None
-        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens ({self.kv_pool.bytes / 2**20:.1f} MiB: "
-            f"{why}), max model len {self.max_model_len}")
+        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {self.kv_cache_dtype} "
+            f"({self.kv_pool.bytes / 2**20:.1f} MiB: "
+            f"{why}), max model len {self.max_model_len}, precision {self.precision}")
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,
@@ -258,6 +271,7 @@ class LLMEngine:
         del self._requests[request_id]
         if request.seq is not None:
             self._by_seq_id.pop(request.seq.seq_id, None)
+            request.seq.data = None  # request <-> sequence: without the cycle, reference counting frees both
         self.metrics.forget(request_id)
 
     def prepare_prompt(self, prompt: str | list[int] | list[dict],
@@ -427,6 +441,8 @@ class LLMEngine:
             if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
                 text = self.tokenizer.apply_chat_template(list(prompt))
                 return text, self.tokenizer.encode(text, add_special_tokens=False), None
+            if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+                return None, list(prompt), None  # plain ids (an eval submits ~14k): no numpy round trip
             ids = [int(t) for t in np.asarray(prompt, dtype=np.int64).reshape(-1)]
             return None, ids, None
         except TinyVLLMError as e:
@@ -453,17 +469,25 @@ class LLMEngine:
         return max(1, min(params.max_tokens, self.max_model_len - len(ids)))
 
     def _build_batch(self, schedule: SchedulerOutput) -> tuple[ForwardBatch, LogitsPlan]:
-        token_ids, positions, query_seq, slots = [], [], [], []
+        token_ids, starts, counts = [], [], []
         plan = LogitsPlan()
-        for row, s in enumerate(schedule.scheduled):
+        for s in schedule.scheduled:
             plan.add_chunk(s.seq.data, len(token_ids), s.start, s.end, s.seq.num_prompt_tokens, s.samples)
             token_ids += s.token_ids
-            positions += range(s.start, s.end)
-            query_seq += [row] * s.num_new_tokens
-            slots += self.block_manager.slots(s.seq, s.start, s.end)
+            starts.append(s.start)
+            counts.append(s.num_new_tokens)
         tables = [s.seq.block_table for s in schedule.scheduled]
         width = max(map(len, tables))
         block_tables = np.array([t + [-1] * (width - len(t)) for t in tables], np.int32)
+        # positions, rows and slots of every token at once (numpy: a prefill step has thousands of tokens):
+        # token i of row r sits at position start_r + (i - first token of r), slot = table[p // bs] * bs + p % bs
+        counts = np.array(counts, np.int64)
+        query_seq = np.repeat(np.arange(len(counts)), counts)
+        first = np.cumsum(counts) - counts
+        positions = np.arange(len(token_ids)) + np.repeat(np.array(starts, np.int64) - first, counts)
+        bs = self.block_manager.block_size
+        slots = block_tables[query_seq, positions // bs].astype(np.int64) * bs + positions % bs
+        assert slots.min() >= 0, "a scheduled token has no KV block"
         return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, plan.rows), plan
 
     def _sample(self, logits, seqs: list[Sequence], greedy_ids=None) -> list[int]:

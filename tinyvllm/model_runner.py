@@ -17,7 +17,9 @@ RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, each residu
 feeds it; at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
 Every stage keeps its name and output in both; a stage whose output a fused kernel already produced
 launches nothing and says which stage computed it. CUDA graphs (tinyvllm/cuda_graphs.py) record this same
-generator for decode steps.
+generator for decode steps. Two precisions run through it (`ModelRunner.precision`): fp32, the reference, and
+fast, bf16 activations into tensor-core GEMMs and prefill attention; tinyvllm/kernel_plan.py's table says which
+kernel each takes where.
 """
 from __future__ import annotations
 
@@ -27,18 +29,17 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from kernels_numba.activation import silu_mul
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.epilogues import RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue
-from kernels_numba.matmul import gemv_fused, linear, linear_kernel_name
-from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, build_prefill_gqa_tiles, paged_attention_decode_gqa,
-                                     paged_attention_flash_decode, paged_attention_per_query,
-                                     paged_attention_prefill_gqa)
+from kernels_numba.matmul import gemv_fused, linear_kernel_name
+from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa, paged_attention_flash_decode,
+                                     paged_attention_per_query, paged_attention_prefill_gqa)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
 
 from .config import ModelConfig
+from .kernel_plan import KernelPlan
 from .kv_pool import KVPool
 
 FUSED = "computed by"  # what a stage's kernel says when an earlier stage's fused kernel produced its output
@@ -200,10 +201,13 @@ class ModelRunner:
     kv_pool: KVPool
     inv_freq: np.ndarray  # float32 [head_dim / 2], from kernels_numba.rope.rope_inv_freq
     fuse_norms: bool | None = None  # the fused-GEMV layer: None = where gemv_coalesced serves (fuses_norms)
+    precision: str = "fp32"         # "fp32" or "fast" (kernel_plan.resolve_precision)
 
     def __post_init__(self):
         self.inv_freq = cuda.to_device(self.inv_freq)
         self.attention_scale = np.float32(self.config.head_dim ** -0.5)
+        c = self.config
+        self.plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
 
     def forward(self, batch: ForwardBatch):
         """Run the whole forward pass; return the logits device array [len(logits_rows), vocab]."""
@@ -222,9 +226,7 @@ class ModelRunner:
         flat, layout = pack_int32(arrays)
         views = unpack(cuda.to_device(flat), layout)
         decode_only = batch.is_decode_only
-        c = self.config
-        tiles = None if SIMULATOR or decode_only else build_prefill_gqa_tiles(
-            batch.query_seq, batch.positions, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
+        tiles = None if decode_only else self.plan.prefill_tiles(batch.query_seq, batch.positions)
         return DeviceBatch(*views[:5], decode_only=decode_only, prefill_tiles=tiles,
                            logits_rows=None if every_row else views[5])
 
@@ -253,8 +255,11 @@ class ModelRunner:
         def _stage(name, kernel, launch, layer=None, show=None):
             return _run_stage(name, kernel, launch, layer, synchronize, show)
 
+        plan = self.plan
+        linear = plan.project  # linear or, in the fast plan, gemm_tc
+
         def matmul(in_features: int, rows: int = T) -> str:  # which kernel `linear` runs, for the record
-            return "matmul." + linear_kernel_name(rows, in_features)
+            return plan.projection_name(rows, in_features)
         H, I = c.hidden_size, c.intermediate_size
 
         h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens,
@@ -286,9 +291,9 @@ class ModelRunner:
 
             def mlp():
                 gate_up = linear(x, w.gate_up_proj)
-                return linear(silu_mul(gate_up[:, :I], gate_up[:, I:]), w.down_proj)
-            m = yield from _stage(name("mlp"), f"{matmul(H)} (gate|up in one) + activation.silu_mul + {matmul(I)}",
-                                  mlp, i)
+                return linear(plan.swiglu(gate_up[:, :I], gate_up[:, I:]), w.down_proj)
+            m = yield from _stage(name("mlp"), f"{matmul(H)} (gate|up in one) + {plan.swiglu_name(T, I)} + "
+                                  f"{matmul(I)}", mlp, i)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else w_all.norm
             h, x = yield from _stage(name("output"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
                 m, h, next_norm, eps), i, show=0)
@@ -349,8 +354,8 @@ class ModelRunner:
             return None
         if batch.logits_rows is not None:
             x = take_rows(x, batch.logits_rows)
-        out = yield from _stage("logits", "matmul." + linear_kernel_name(x.shape[0], self.config.hidden_size),
-                                lambda: linear(x, self.weights.lm_head))
+        out = yield from _stage("logits", self.plan.projection_name(x.shape[0], self.config.hidden_size),
+                                lambda: self.plan.project(x, self.weights.lm_head))
         return out
 
     def _attention_for(self, batch: DeviceBatch):
@@ -362,10 +367,15 @@ class ModelRunner:
         to 7 on Llama-3.2-1B) also a block per key partition (flash_decode), merged by the pair's last block
         to finish, so that a batch-1 step keeps more than 8 blocks busy. Steps with prefill chunks use the kernel
         where a block owns a query tile for all query heads of one KV head and walks key tiles through
-        shared memory; its query tiles are built once for all layers (DeviceBatch.prefill_tiles).
+        shared memory; its query tiles are built once for all layers (DeviceBatch.prefill_tiles). The fast
+        plan runs such steps on tensor cores (prefill_tc), in the simulator too.
         """
         scale = self.attention_scale
         block_tables, query_seq, positions = batch.block_tables, batch.query_seq, batch.positions
+        if not batch.decode_only:
+            tc = self.plan.prefill_attention(block_tables, query_seq, positions, scale, batch.prefill_tiles)
+            if tc is not None:
+                return tc
         if SIMULATOR:
             def per_query(q, k_pool, v_pool):
                 return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)

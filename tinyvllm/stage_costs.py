@@ -2,7 +2,8 @@
 
 Counts are the minimum a correct kernel needs: every weight read once (2 bytes of bf16, or 4 of an F32
 checkpoint's float32: `weight_bytes`), float32 activations
-read and written once (4 bytes), each sequence's cached K/V read once per KV head (GQA heads share it),
+read and written once (4 bytes), each sequence's cached K/V read once per KV head (GQA heads share it; 4 bytes
+an element, 2 from a bf16 pool: `kv_element_bytes`),
 and 2 FLOPs per multiply-add. A kernel that re-reads data moves more than this, so the GB/s derived from
 these counts is what the stage achieved *usefully*.
 """
@@ -25,7 +26,7 @@ class StageCost:
 
 
 def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fused: bool = False,
-                weight_bytes: int = BF16) -> dict[str, StageCost]:
+                weight_bytes: int = BF16, kv_element_bytes: int = F32) -> dict[str, StageCost]:
     """Cost of each stage kind of one forward over `batch` (per layer for layer stages), by the stage
     name's last part: embedding, input_norm, q, k, v, attn, o_proj, attn_residual, post_norm, mlp, output,
     final_norm, logits. Fused launches are counted where they run (model_runner's docstring): q is the
@@ -50,10 +51,10 @@ def stage_costs(config: ModelConfig, batch: ForwardBatch, logits_rows: int, fuse
     context = {}
     for seq, pos in zip(batch.query_seq.tolist(), batch.positions.tolist()):
         context[seq] = max(context.get(seq, 0), pos + 1)
-    kv_bytes = sum(context.values()) * kv_width * 2 * F32
+    kv_bytes = sum(context.values()) * kv_width * 2 * kv_element_bytes
     visible_keys = int(np.sum(batch.positions.astype(np.int64) + 1))
     attention = StageCost(kv_bytes + T * 2 * q_width * F32, 4 * visible_keys * q_width)  # q in, output out
-    kv_write = StageCost(T * 2 * kv_width * F32, 0)  # each token's k and v stored in the pool
+    kv_write = StageCost(T * 2 * kv_width * kv_element_bytes, 0)  # each token's k and v stored in the pool
     qkv = linear(T, H, q_width + 2 * kv_width)
     mlp = linear(T, H, 2 * I)
     down = linear(T, I, H)

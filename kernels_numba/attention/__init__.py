@@ -3,7 +3,7 @@
     out[t, h] = sum_{j<=p} softmax_j(scale * q[t, h] . K[j, g]) V[j, g]     p = the query's position,
                                                                            g = h // (n_heads // n_kv_heads)
 
-Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`):
+Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`; the fast precision: kernel_plan.py):
 
 | file          | launcher                                   | runs                                                |
 |---------------|--------------------------------------------|-----------------------------------------------------|
@@ -15,7 +15,14 @@ Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`):
 | decode_gqa    | paged_attention_flash_decode               | GPU decode steps below that (batch 1 to 7 on Llama-3.2-1B) |
 | prefill       | paged_attention_prefill, build_prefill_tiles | nowhere: the readable tiled prefill; its query tiles serve prefill_gqa |
 | prefill_gqa   | paged_attention_prefill_gqa                | GPU steps with prefill chunks (FlashAttention-2 on CUDA cores) |
-| prefill_tc    | paged_attention_prefill_tc                 | nowhere yet: FlashAttention-2 on tensor cores (bf16 mma), simulator-tested |
+| prefill_tc    | paged_attention_prefill_tc                 | steps with prefill chunks in the fast precision (tinyvllm/kernel_plan.py), simulator too: FlashAttention-2 on tensor cores (bf16 mma) |
+
+KV pool dtype (tinyvllm.kv_pool.KVPool, --kv-cache-dtype): float32 (the reference) or bf16 bit patterns in uint16
+(half the bytes). Writers store kernels_numba.kv_dtype.kv_from_f32(x, pool) (rounded to nearest even for bf16):
+write_kv_paged, rope.rope_qkv with the pools (prefill steps, and every step in the simulator) and the fused GEMV's
+RopeKVEpilogue (GPU decode steps). Every paged launcher above reads either pool (kv_to_f32 on each element, float32
+math after it; numba compiles one kernel per pool dtype); prefill_tc copies a bf16 pool's rows into its bf16 tiles by
+16-byte cp.async instead of rounding float32 ones. The contiguous cache stays float32.
 
 Every paged launcher has the same contract: q [T, n_heads, head_dim], query t of sequence query_seq[t] (a row
 of block_tables) at position query_pos[t] attends to that sequence's keys 0..query_pos[t] in the pools

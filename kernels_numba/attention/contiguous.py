@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ..common import cuda, jit, grid_stride_launch, launch_stream, device_empty
+from ..kv_dtype import kv_to_f32
 
 THREADS = 128
 MAX_HEAD_DIM = 256  # size of the per-thread accumulator: cuda.local.array needs a compile-time size
@@ -40,10 +41,10 @@ def write_kv_kernel(k, v, k_cache, v_cache, seq_slots, positions):
 @jit(device=True)
 def attend_to_key(q_scaled, k_cache, v_cache, row, column, kv_head, head_dim, acc, running_max, running_sum):
     """One online-softmax step: fold the key/value at cache[row, column] (a sequence slot and position here,
-    a block and offset in the paged KV pool) into acc, return the new (max, sum)."""
+    a block and offset in the paged KV pool, float32 or bf16 bits) into acc, return the new (max, sum)."""
     score = np.float32(0.0)
     for d in range(head_dim):
-        score += q_scaled[d] * k_cache[row, column, kv_head, d]
+        score += q_scaled[d] * kv_to_f32(k_cache[row, column, kv_head, d])
     if score > running_max:
         correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
         running_sum *= correction
@@ -53,7 +54,7 @@ def attend_to_key(q_scaled, k_cache, v_cache, row, column, kv_head, head_dim, ac
     weight = np.float32(math.exp(score - running_max))
     running_sum += weight
     for d in range(head_dim):
-        acc[d] += weight * v_cache[row, column, kv_head, d]
+        acc[d] += weight * kv_to_f32(v_cache[row, column, kv_head, d])
     return running_max, running_sum
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..common import (SIMULATOR, SHARED_ALIGN, SHARED_ROW_PAD, cuda, jit, cdiv, launch_stream, device_empty,
                       device_zeros)
+from ..kv_dtype import kv_to_f32
 from .paged_kv import _ix, _check_pool, _check_queries, _output, _pool_rows
 
 GQA_DECODE_THREADS = 4 if SIMULATOR else 128
@@ -87,13 +88,14 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
     def load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start, last, tid, k_loaded, v_loaded):
         """Issue this thread's loads of the chunk's K/V rows into registers. Element i is tile element
         e = tid + i * threads: key e // head_dim, dim e % head_dim (consecutive threads read consecutive floats
-        of a row: coalesced). Keys past the context load the last key again (branch-free; weights 0)."""
+        of a row: coalesced), decoded to float32 (a bf16 pool: half the bytes). Keys past the context load the
+        last key again (branch-free; weights 0)."""
         for i in range(load_steps):
             e = _ix(tid) + _ix(i * threads)
             key = min(_ix(chunk_start) + min(e // _ix(head_dim), _ix(key_chunk - 1)), _ix(last))
             row = _ix(block_tables[b, key // _ix(block_size)]) * _ix(block_size) + key % _ix(block_size)
-            k_loaded[i] = k_rows[row, _ix(column) + e % _ix(head_dim)]
-            v_loaded[i] = v_rows[row, _ix(column) + e % _ix(head_dim)]
+            k_loaded[i] = kv_to_f32(k_rows[row, _ix(column) + e % _ix(head_dim)])
+            v_loaded[i] = kv_to_f32(v_rows[row, _ix(column) + e % _ix(head_dim)])
 
     @jit
     def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out, part_max, part_sum, part_acc,

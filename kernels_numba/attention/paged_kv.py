@@ -5,17 +5,23 @@ and `paged_attention_ref`, the numpy twin of every paged attention launcher.
         s = the query's sequence, p = its position, g = h // (n_heads // n_kv_heads),
         K(s, j) = k_pool[block_tables[s, j // block_size], j % block_size]
 
-KV pool per layer: k_pool, v_pool float32 [num_blocks, block_size, n_kv_heads, head_dim]. A slot is
+KV pool per layer: k_pool, v_pool [num_blocks, block_size, n_kv_heads, head_dim], float32 or bf16 bit patterns
+(uint16, kernels_numba.kv_dtype: written as kv_from_f32(x, pool), read as kv_to_f32(element)). A slot is
 `block_id * block_size + offset`; a sequence's row of block_tables (int32 [num_seqs, max_blocks_per_seq],
 -1 padded) lists its physical blocks in logical order, so blocks need not be contiguous and several
 sequences may share the same prefix blocks.
 
 - `write_kv_paged`: copies k and v into their slot, one thread per (token, kv head, d) on the GPU (grid-stride,
-  so the simulator can run a small grid); slot -1 = padding, skipped.
+  so the simulator can run a small grid); slot -1 = padding, skipped. A bf16 pool gets k and v rounded to
+  nearest even.
+
+Every paged launcher reads both pool dtypes (numba compiles a kernel per pool dtype); with a bf16 pool the
+attention is the float32 pool's math on the bf16-rounded K/V, so `paged_attention_ref` decodes the pool first.
 """
 import numpy as np
 
 from ..common import cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
+from ..kv_dtype import check_kv_pool_dtype, kv_decode_ref, kv_encode_ref, kv_from_f32
 from .contiguous import MAX_HEAD_DIM
 
 THREADS = 128
@@ -32,8 +38,8 @@ def write_kv_paged_kernel(k, v, k_pool, v_pool, slot_mapping):
         slot = slot_mapping[t]
         if slot < 0:  # padding token
             continue
-        k_pool[slot // block_size, slot % block_size, kv_head, d] = k[t, kv_head, d]
-        v_pool[slot // block_size, slot % block_size, kv_head, d] = v[t, kv_head, d]
+        k_pool[slot // block_size, slot % block_size, kv_head, d] = kv_from_f32(k[t, kv_head, d], k_pool)
+        v_pool[slot // block_size, slot % block_size, kv_head, d] = kv_from_f32(v[t, kv_head, d], v_pool)
 
 
 @jit(device=True)
@@ -50,7 +56,7 @@ def _to_host(x) -> np.ndarray:
 def _check_pool(q, k_pool, v_pool, block_tables):
     n_heads, head_dim = q.shape[1:]
     assert k_pool.ndim == 4 and k_pool.shape == v_pool.shape, (k_pool.shape, v_pool.shape)
-    assert k_pool.dtype == np.float32 and v_pool.dtype == np.float32, (k_pool.dtype, v_pool.dtype)
+    check_kv_pool_dtype(k_pool, v_pool)
     assert k_pool.shape[3] == head_dim, (q.shape, k_pool.shape)
     assert head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} > MAX_HEAD_DIM {MAX_HEAD_DIM}"
     assert n_heads % k_pool.shape[2] == 0, f"{n_heads} query heads do not group over {k_pool.shape[2]} kv heads"
@@ -80,6 +86,7 @@ def write_kv_paged(k, v, k_pool, v_pool, slot_mapping):
     """Store k[t], v[t] ([T, n_kv_heads, head_dim]) at slot slot_mapping[t] of the pools; -1 skips."""
     assert k.shape == v.shape and k.shape[1:] == k_pool.shape[2:], (k.shape, v.shape, k_pool.shape)
     assert k_pool.shape == v_pool.shape, (k_pool.shape, v_pool.shape)
+    check_kv_pool_dtype(k_pool, v_pool)
     assert slot_mapping.shape == (k.shape[0],) and slot_mapping.dtype == np.int32, (slot_mapping.shape,
                                                                                     slot_mapping.dtype)
     if k.size > 0:
@@ -88,19 +95,20 @@ def write_kv_paged(k, v, k_pool, v_pool, slot_mapping):
 
 
 def write_kv_paged_ref(k, v, k_pool, v_pool, slot_mapping):
-    """numpy twin of write_kv_paged: returns updated copies of the pools."""
+    """numpy twin of write_kv_paged: returns updated copies of the pools (k, v encoded as the pools store them)."""
     k_pool, v_pool = k_pool.copy(), v_pool.copy()
     real = slot_mapping >= 0
     block_size = k_pool.shape[1]
     blocks, offsets = slot_mapping[real] // block_size, slot_mapping[real] % block_size
-    k_pool[blocks, offsets] = k[real]
-    v_pool[blocks, offsets] = v[real]
+    k_pool[blocks, offsets] = kv_encode_ref(k[real], k_pool.dtype)
+    v_pool[blocks, offsets] = kv_encode_ref(v[real], v_pool.dtype)
     return k_pool, v_pool
 
 
 def paged_attention_ref(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale):
-    """numpy twin of all three attention launchers: gathers each query's keys through the block table, then a
-    materialised, max-subtracted softmax in float64."""
+    """numpy twin of every paged attention launcher: gathers each query's keys through the block table (a bf16
+    pool decoded to its float32 values first), then a materialised, max-subtracted softmax in float64."""
+    k_pool, v_pool = kv_decode_ref(np.asarray(k_pool)), kv_decode_ref(np.asarray(v_pool))
     num_tokens, n_heads, head_dim = q.shape
     _, block_size, n_kv_heads, _ = k_pool.shape
     group = n_heads // n_kv_heads

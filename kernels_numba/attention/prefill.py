@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ..common import cuda, jit, launch_stream
+from ..kv_dtype import kv_to_f32
 from .contiguous import MAX_HEAD_DIM
 from .paged_kv import _check_pool, _output, _to_host
 
@@ -59,8 +60,8 @@ def paged_attention_prefill_kernel(q, k_pool, v_pool, block_tables, tile_seq, ti
             d = idx % head_dim
             key_pos = key_start + j
             block = block_tables[seq, key_pos // block_size]
-            k_tile[j, d] = k_pool[block, key_pos % block_size, kv_head, d]
-            v_tile[j, d] = v_pool[block, key_pos % block_size, kv_head, d]
+            k_tile[j, d] = kv_to_f32(k_pool[block, key_pos % block_size, kv_head, d])  # float32 or bf16 bits
+            v_tile[j, d] = kv_to_f32(v_pool[block, key_pos % block_size, kv_head, d])
         cuda.syncthreads()
 
         visible = min(tile_keys, pos + 1 - key_start)  # causal: keys key_start..pos of this tile

@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from ..common import SIMULATOR, cuda, jit, cdiv, launch_stream
+from ..kv_dtype import kv_to_f32
 from .paged_kv import _ix, _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
 
@@ -138,8 +139,8 @@ def paged_attention_prefill_gqa_kernel(head_dim: int, group: int, block_size: in
                     v_in[b] = np.float32(0.0)
                     if slot >= 0:
                         column = _ix(kv_head * head_dim + idx % head_dim)
-                        k_in[b] = k_rows[_ix(slot), column]
-                        v_in[b] = v_rows[_ix(slot), column]
+                        k_in[b] = kv_to_f32(k_rows[_ix(slot), column])  # float32 or bf16 bits
+                        v_in[b] = kv_to_f32(v_rows[_ix(slot), column])
                 for b in range(batch):
                     idx = (first + b) * threads + tid
                     j = idx // head_dim

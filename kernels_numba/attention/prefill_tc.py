@@ -1,12 +1,13 @@
 """Paged prefill attention on tensor cores: FlashAttention-2 with bf16 mma.sync (fp32 accumulation), a block
 per (query tile, KV head) for all the group's query heads. The math and the pool layout: paged_kv; the query
-tiles: prefill. First version (issue 15, item 3): simulator-tested, not yet timed or on the engine's path.
+tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/kernel_plan.py).
 
 - `paged_attention_prefill_tc`: paged_attention_prefill's contract. A block's rows are (query, head) pairs,
   row r = query r // group of the tile, head kv_head * group + r % group, 16 rows per warp (one mma row tile).
   Q (scaled, rounded to bf16) goes to shared memory once and each warp keeps its A fragments for all of
   head_dim in registers. Per key tile of keys_per_tile positions (never past the tile's last query): the
-  block converts the tile's K and V rows (float32 pool, through the block table) to bf16 in shared memory;
+  block puts the tile's K and V rows (through the block table) in shared memory as bf16: a float32 pool's
+  rounded one element at a time, a bf16 pool's copied 16 bytes (8 bf16) at a time by cp.async, no rounding;
   each warp computes S = Q K^T for its 16 rows (ldmatrix of K as B: K [key][dim] is B "col"), masks keys
   past each row's position to -inf, and runs the online softmax on its registers: a lane holds two
   rows (g and g + 8) and two columns of each 8-key tile, so a row's max is the lane's own max then two
@@ -26,11 +27,13 @@ import numpy as np
 
 from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, cuda, jit, launch_stream
-from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_bf16_m16n8k16, pack_bf16x2, shfl_xor
+from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, ldmatrix_x4, ldmatrix_x4_trans,
+                   mma_bf16_m16n8k16, pack_bf16x2, shfl_xor)
 from .paged_kv import _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
 
-TC_WARPS = 4        # warps per block: 64 (query, head) rows
+TC_WARPS = 8        # warps per block: 128 (query, head) rows (H200: 2.7 vs 3.4 ms at 4096 tokens with 4;
+                    # docs/bench/h200-round7-prefill-attention-variants.log)
 TC_KEY_TILE = 64    # keys per shared K/V tile
 ROW_PAD = 8         # bf16 per shared row of padding (16 bytes: ldmatrix rows in distinct banks)
 
@@ -52,18 +55,21 @@ def tc_key_tile(head_dim: int, warps: int, keys_per_tile: int) -> int:
 
 
 def tc_queries_per_tile(group: int, warps: int | None = None) -> int:
-    """Queries per tile: warps x 16 rows over the group's heads (group must divide them)."""
+    """Queries per tile: as many whole groups of heads as warps x 16 rows hold; the rows left over (a group of 3
+    heads, SmolLM2's, leaves 2 of 128) are padding rows that see no key and write nothing."""
     warps = TC_WARPS if warps is None else warps
-    assert (16 * warps) % group == 0, f"a group of {group} heads does not divide {warps} warps x 16 rows"
+    assert group <= 16 * warps, f"a group of {group} heads does not fit {warps} warps x 16 rows"
     return 16 * warps // group
 
 
 @functools.cache
-def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int, warps: int, keys_per_tile: int):
+def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int, warps: int, keys_per_tile: int,
+                                      bf16_pool: bool = False):
     """The kernel for one shape (compile-time sizes: fixed shared shapes, unrolled fragment loops, fragments and
-    accumulators in registers)."""
+    accumulators in registers) and pool dtype (bf16_pool: the key tile loader that copies bf16 rows as they are)."""
     assert head_dim % 16 == 0 and keys_per_tile % 16 == 0, (head_dim, keys_per_tile)
     rows = 16 * warps
+    used_rows = (rows // group) * group  # rows past it: padding (the group does not divide the rows)
     threads = 32 * warps
     d_steps = head_dim // 16       # k steps of S = Q K^T; also pairs of 8-dim output tiles
     key_steps = keys_per_tile // 16  # k steps of P @ V; also pairs of 8-key score tiles
@@ -71,6 +77,43 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     dim_tiles = 2 * d_steps        # 8-dim output tiles
     padded_dim = head_dim + ROW_PAD
     minus_inf = np.float32(-math.inf)
+    chunks = head_dim // 8  # 16-byte pieces of a bf16 row
+
+    @jit(device=True)
+    def round_f32_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile):
+        """A float32 pool's key tile as bf16 in shared memory, one element per thread and step (zeros past key_len)."""
+        for i in range(tid, keys_per_tile * head_dim, threads):
+            j = i // head_dim
+            d = i % head_dim
+            key = key_start + j
+            k_value = np.float32(0.0)
+            v_value = np.float32(0.0)
+            if key < key_len:
+                slot = block_tables[seq, key // block_size] * block_size + key % block_size
+                k_value = k_rows[slot, column + d]
+                v_value = v_rows[slot, column + d]
+            k_tile[0, j, d] = f32_to_bf16(k_value)
+            v_tile[0, j, d] = f32_to_bf16(v_value)
+
+    @jit(device=True)
+    def copy_bf16_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile):
+        """A bf16 pool's key tile into shared memory as it is: 16-byte cp.async copies (zero-filled past key_len),
+        waited for here."""
+        for i in range(tid, keys_per_tile * chunks, threads):
+            j = i // chunks
+            d = 8 * (i % chunks)
+            key = key_start + j
+            slot = 0  # past key_len: a valid address, nothing read (0 source bytes)
+            size = 0
+            if key < key_len:
+                slot = block_tables[seq, key // block_size] * block_size + key % block_size
+                size = 16
+            cp_async_16(k_tile, 0, j, d, k_rows, slot, column + d, size)
+            cp_async_16(v_tile, 0, j, d, v_rows, slot, column + d, size)
+        cp_async_commit()
+        cp_async_wait_all()
+
+    load_kv_tile = copy_bf16_tile if bf16_pool else round_f32_tile
 
     @jit
     def kernel(q, k_rows, v_rows, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out):
@@ -94,7 +137,7 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         for i in range(tid, rows * head_dim, threads):
             r = i // head_dim
             d = i % head_dim
-            t = tile_tokens[tile, r // group]
+            t = tile_tokens[tile, r // group] if r < used_rows else -1
             value = np.float32(0.0)
             if t >= 0:
                 value = q[t, kv_head * group + r % group, d] * scale
@@ -105,8 +148,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 q_tile, 0, 16 * warp + lane % 16, 16 * s + 8 * (lane // 16))
         row_a = 16 * warp + g  # this lane's two rows
         row_b = row_a + 8
-        pos_a = tile_positions[tile, row_a // group]  # -1: a padding row, it sees no key
-        pos_b = tile_positions[tile, row_b // group]
+        pos_a = tile_positions[tile, row_a // group] if row_a < used_rows else -1  # -1: a padding row, no key
+        pos_b = tile_positions[tile, row_b // group] if row_b < used_rows else -1
         max_a = minus_inf
         max_b = minus_inf
         sum_a = np.float32(0.0)  # this lane's columns only; the quad's four add up at the end
@@ -116,19 +159,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 acc[j, e] = np.float32(0.0)
 
         for key_start in range(0, key_len, keys_per_tile):
-            # 1. the tile's K and V rows, float32 -> bf16, into shared memory (zeros past key_len)
-            for i in range(tid, keys_per_tile * head_dim, threads):
-                j = i // head_dim
-                d = i % head_dim
-                key = key_start + j
-                k_value = np.float32(0.0)
-                v_value = np.float32(0.0)
-                if key < key_len:
-                    slot = block_tables[seq, key // block_size] * block_size + key % block_size
-                    k_value = k_rows[slot, column + d]
-                    v_value = v_rows[slot, column + d]
-                k_tile[0, j, d] = f32_to_bf16(k_value)
-                v_tile[0, j, d] = f32_to_bf16(v_value)
+            # 1. the tile's K and V rows as bf16 into shared memory (zeros past key_len)
+            load_kv_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile)
             cuda.syncthreads()
             # 2. S = Q K^T for this warp's 16 rows: 8-key tiles n, k steps over head_dim
             for n in range(key_tiles):
@@ -206,8 +238,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         sum_a += shfl_xor(sum_a, 2)
         sum_b += shfl_xor(sum_b, 1)
         sum_b += shfl_xor(sum_b, 2)
-        t_a = tile_tokens[tile, row_a // group]
-        t_b = tile_tokens[tile, row_b // group]
+        t_a = tile_tokens[tile, row_a // group] if row_a < used_rows else -1
+        t_b = tile_tokens[tile, row_b // group] if row_b < used_rows else -1
         for j in range(dim_tiles):
             d = 8 * j + 2 * quad
             if t_a >= 0:  # > 0: key 0 is visible to every real row
@@ -229,7 +261,8 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
                                tiles: PrefillTiles | None = None, warps: int | None = None,
                                keys_per_tile: int | None = None):
     """paged_attention_prefill's contract on tensor cores (bf16 q * scale, K, V and P into the mmas, float32
-    accumulation and softmax). head_dim a multiple of 16; the group must divide warps x 16 rows. Pass `tiles`
+    accumulation and softmax); the pools float32 (rounded to bf16 on the way in) or bf16 bits (copied). head_dim a
+    multiple of 16; the group at most warps x 16 rows. Pass `tiles`
     from build_prefill_tc_tiles (built once per step) to skip rebuilding them. Returns out."""
     num_tokens, n_heads, head_dim = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
@@ -245,7 +278,8 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
         f"tiles of {tiles.tokens.shape[1]} queries, prefill_tc wants {queries}: use build_prefill_tc_tiles")
     out = _output(q, out)
     if tiles.num_tiles > 0:
-        kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile)
+        kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile,
+                                                   k_pool.dtype == np.uint16)
         kernel[(tiles.num_tiles, n_kv_heads), 32 * warps, launch_stream()](
             q, *_pool_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
             np.float32(scale), out)

@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from ..common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
+from ..kv_dtype import kv_to_f32
 from .paged_kv import THREADS, _check_pool, _check_queries, _output, _pool_rows
 
 SPLIT_THREADS = 4 if SIMULATOR else 128  # threads sharing one (query, head); each syncthreads costs
@@ -114,7 +115,7 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
                 rows[j] = row
                 score = np.float32(0.0)
                 for d in range(head_dim):
-                    score += q_scaled[d] * k_rows[row, column + d]
+                    score += q_scaled[d] * kv_to_f32(k_rows[row, column + d])
                 weights[j] = score
                 chunk_max = max(chunk_max, score)
             # 2. the block's new running max; scores become weights exp(score - m), summed
@@ -142,8 +143,8 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
                     for i in range(dims):
                         d = lane + i * lanes
                         if d < head_dim:
-                            v0, v1 = v_rows[r0, column + d], v_rows[r1, column + d]
-                            v2, v3 = v_rows[r2, column + d], v_rows[r3, column + d]
+                            v0, v1 = kv_to_f32(v_rows[r0, column + d]), kv_to_f32(v_rows[r1, column + d])
+                            v2, v3 = kv_to_f32(v_rows[r2, column + d]), kv_to_f32(v_rows[r3, column + d])
                             acc[i] += w0 * v0
                             acc[i] += w1 * v1
                             acc[i] += w2 * v2
@@ -155,7 +156,7 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
                     for i in range(dims):
                         d = lane + i * lanes
                         if d < head_dim:
-                            acc[i] += weight * v_rows[row, column + d]
+                            acc[i] += weight * kv_to_f32(v_rows[row, column + d])
                     j += slices
             cuda.syncthreads()  # nobody overwrites weights / rows while another thread still reads them
 

@@ -36,6 +36,7 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
         check_hf_available(cfg.hf_device)
     from kernels_numba.common import SIMULATOR
     from ..engine import EngineConfig
+    from ..kernel_plan import resolve_precision
     from ..model import default_model_dir, load_model
     model_dir = Path(cfg.model) if cfg.model else (prepare_random_model(Path(cfg.random_1b), log=log)
                                                    if cfg.random_1b else default_model_dir())
@@ -45,7 +46,8 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
     engine_config = EngineConfig(
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
         num_blocks=cfg.num_blocks, gpu_memory_fraction=cfg.gpu_memory_fraction, max_model_len=max_model_len,
-        enable_prefix_caching=cfg.enable_prefix_caching)
+        enable_prefix_caching=cfg.enable_prefix_caching, kv_cache_dtype=cfg.kv_cache_dtype,
+        precision=resolve_precision(cfg.precision, model.weights.embed_tokens.dtype))  # the report shows which ran
     workloads = Workloads.make(cfg, c.vocab_size, max_model_len)
     engines = EngineFactory(model, engine_config, log)
     if cfg.warmup and not cfg.hf_only:

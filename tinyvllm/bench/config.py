@@ -6,6 +6,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
+from ..config import KV_CACHE_DTYPE_CHOICES, PRECISIONS
 from ..errors import TinyVLLMError
 
 WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
@@ -53,6 +54,8 @@ class BenchConfig:
     gpu_memory_fraction: float = 0.5
     max_model_len: int | None = None      # None: what the workloads need, capped by the model
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"          # float32, bfloat16, or auto: bfloat16 with the fast precision
+    precision: str = "auto"               # EngineConfig.precision: auto, fp32 or fast
     # a running server instead of an in-process engine (http_runs.py)
     base_url: str | None = None           # e.g. http://127.0.0.1:8000
     max_concurrency: int | None = None    # requests in flight at most (None: no limit)
@@ -69,6 +72,7 @@ class BenchConfig:
         unknown = sorted(set(self.batching) - set(BATCHING_MODES))
         check(self.batching and not unknown, f"unknown batching mode(s) {unknown}; choose from continuous, static")
         check(self.compare in (None, "hf"), f"--compare takes hf, got {self.compare!r}")
+        check(self.precision in PRECISIONS, f"--precision takes {', '.join(PRECISIONS)}, got {self.precision!r}")
         check(not self.hf_only or self.compare == "hf", "--hf-only needs --compare hf")
         for name in ("latency_prompt", "latency_new_tokens", "prefill_repeats", "num_requests", "min_len",
                      "serving_requests", "hf_batch_size", "copy_mib", "max_num_seqs", "max_num_batched_tokens",
@@ -174,6 +178,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-model-len", type=int, metavar="N", help="default: what the workloads need")
     e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse KV blocks of shared prefixes")
+    e.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default=d.kv_cache_dtype,
+                   help="KV cache elements (default: %(default)s: bfloat16 with the fast precision, else float32; "
+                        "bfloat16: half the memory and bytes read)")
+    e.add_argument("--precision", choices=PRECISIONS, default=d.precision,
+                   help="fp32: float32 activations; fast: bf16 activations into tensor cores; auto: fast on a GPU "
+                        "with bf16 weights (default: %(default)s)")
     h = p.add_argument_group("a running server (--base-url): the serving / throughput workloads over HTTP")
     h.add_argument("--base-url", metavar="URL",
                    help="an OpenAI-compatible server (tinyvllm serve, vLLM): send the workloads there as streamed "

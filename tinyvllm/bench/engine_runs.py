@@ -247,7 +247,8 @@ def bench_kernels(engines, w: Workloads, cfg, log) -> list[dict]:
         batch = engine.last_batch
         costs = stage_costs(engine.model.config, batch, len(batch.logits_rows),
                             fused=engine.runner.fuses_norms(batch.num_tokens),
-                            weight_bytes=engine.model.weights.embed_tokens.dtype.itemsize)
+                            weight_bytes=engine.model.weights.embed_tokens.dtype.itemsize,
+                            kv_element_bytes=engine.kv_pool.layer(0)[0].dtype.itemsize)
         for kind, elapsed in seconds.items():
             cost, n = costs[kind], counts[kind]
             rows.append({"workload": "kernels", "system": "tinyvllm", "variant": f"{phase} {kind}",

@@ -13,6 +13,9 @@ while the prompt's blocks are still in the prefix cache, and memory stays flat o
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -48,8 +51,10 @@ class Failure:
 OnDone = Callable[[int, object], None]
 
 
+@functools.lru_cache(maxsize=4096)
 def next_token_params(token_ids: tuple[int, ...]) -> SamplingParams:
-    """One greedy step that reports `token_ids`' log-probabilities at the next position."""
+    """One greedy step that reports `token_ids`' log-probabilities at the next position. Cached: every MMLU
+    question asks for the same letters, and SamplingParams (frozen) is checked field by field when made."""
     return SamplingParams(temperature=0.0, max_tokens=1, logprob_token_ids=tuple(token_ids))
 
 
@@ -112,6 +117,10 @@ class EngineBackend:
 
     def _run(self, n: int, submit_job, owners: dict, on_output, on_done: OnDone) -> None:
         """Feed jobs 0..n-1 to the engine, at most `window` requests in it at once, until all finished."""
+        with without_cyclic_gc():
+            self._feed(n, submit_job, owners, on_output, on_done)
+
+    def _feed(self, n: int, submit_job, owners: dict, on_output, on_done: OnDone) -> None:
         next_job = 0
         while next_job < n or owners:
             if next_job < n and self.deadline is not None and time.perf_counter() > self.deadline:
@@ -133,3 +142,23 @@ class EngineBackend:
         bm = self.engine.block_manager
         return {"prefix_cache_hit_rate": bm.prefix_hit_rate, "prefix_cache_hit_tokens": bm.prefix_hit_tokens,
                 "prefix_cache_query_tokens": bm.prefix_query_tokens, "engine_steps": self.engine.num_steps}
+
+
+@contextlib.contextmanager
+def without_cyclic_gc():
+    """No cyclic garbage collection while the engine scores. Its full collections walk every object alive (the
+    questions, every prompt's token ids: millions) again and again, and its young ones run every few hundred
+    allocations; scripts/eval_profile.py measured them at over half the host time of scoring. Nothing piles up
+    meanwhile: the engine's per-request objects hold no reference cycles (release_request breaks the request <->
+    sequence one; tests/test_eval_engine.py checks), so reference counting frees them. (HTTP clients give no such
+    promise: the remote and HF backends keep the collector on.) Afterwards it runs as before over everything,
+    the objects frozen here included."""
+    enabled = gc.isenabled()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+        gc.unfreeze()

@@ -113,7 +113,8 @@ def _backend(args, config: EvalConfig, log):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
         max_model_len=args.max_model_len or config.max_context, chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching), log=log)
+        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching,
+        kv_cache_dtype=args.kv_cache_dtype, precision=args.precision), log=log)
     if engine.max_model_len < config.max_context:
         log(f"note: the model's context is {engine.max_model_len} tokens: --max-context lowered to it")
         config = dataclasses.replace(config, max_context=engine.max_model_len)

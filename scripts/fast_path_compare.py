@@ -1,0 +1,218 @@
+"""The fast path (--precision fast: bf16 activations into tensor cores) against HF transformers in bf16, beside HF
+bf16's own distance from HF float32, stage by stage and in greedy tokens. On a GPU.
+
+    python scripts/fast_path_compare.py --model random-1b [--model-dir /tmp/llama-1b-random]
+    python scripts/fast_path_compare.py --model DIR_OR_GGUF       # e.g. SmolLM2: a .gguf is converted first
+                                        [--new-tokens 32] [--long-prompt 512] [--out DIR] [--hf-device cuda]
+    NUMBA_ENABLE_CUDASIM=1 python scripts/fast_path_compare.py --model tinyvllm/demo_model --hf-device cpu \
+        --new-tokens 3 --long-prompt 0                            # a slow dry run of the script itself
+
+Inputs: the random 1B model gets seeded random token ids (its tokenizer may be a placeholder), a real model three
+chat prompts; both also one long prompt (512 tokens), so the one step that prefills all prompts together has ~600
+tokens: every projection past the GEMV crossover (gemm_tc), prefill attention on prefill_tc, several query and
+key tiles.
+For each prompt and stage (relative to the reference's max, as check-goldens measures):
+    spread   = max|HF bf16 - HF fp32|      (HF's own bf16 error: how far bf16 computation lands from float32)
+    fast_b   = max|fast - HF bf16|         fast_f = max|fast - HF fp32|
+A stage passes when fast_f <= 2 spread (the fast path's bf16 error is of HF bf16's own size: both round the same
+kinds of operands to bf16, at different places, so each error is one draw of a max over sums of roundings, and two
+such draws differ by tens of percent; the simulator's dry run on the demo model gave fast_f / spread 0.95 to 1.02)
+and fast_b <= 3 spread (implied up to float32 noise: |fast - bf16| <= |fast - fp32| + |fp32 - bf16|). The report
+lists the worst fast_f / spread of each prompt.
+Greedy (the engine's generate: prefill on tensor cores, then the decode steps it runs): the fast tokens must equal
+HF bf16's up to the first step where HF bf16's own top-2 logit margin is below 2 x the logits spread (both top
+logits may move by the spread, in opposite directions); the first step where the margin falls below 1 x the
+spread is reported too. Writes OUT/fast_path_compare-<name>.md and .json; exit status 0 when all pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CHAT_PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "system", "content": "You are a concise assistant."},
+     {"role": "user", "content": "Explain what a paged KV cache is in two sentences."}],
+]
+LONG_TEXT = ("The history of computing is a story of layers: transistors make gates, gates make adders, adders "
+             "make processors, and processors run the programs that people write to describe what they want. ")
+RANDOM_LENGTHS = (19, 45, 77)
+LONG_PROMPT = 512
+
+
+def prompts_for(model_dir: Path, vocab_size: int, random_ids: bool, long_prompt: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    if random_ids:
+        return [rng.integers(0, vocab_size, n).tolist() for n in (*RANDOM_LENGTHS, long_prompt) if n]
+    from tinyvllm.tokenizer import Tokenizer
+    tok = Tokenizer.from_model_dir(model_dir)
+    prompts = [tok.encode_chat(p) for p in CHAT_PROMPTS]
+    long = tok.encode(LONG_TEXT * (long_prompt // 20 + 1))[:long_prompt]
+    return prompts + ([long] if long_prompt else [])
+
+
+def hf_greedy_with_margins(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """n argmax tokens (no EOS stop, whole sequence recomputed each step as goldens/hf_reference.py does) and each
+    step's top-2 margin."""
+    import torch
+    x = torch.as_tensor(ids, dtype=torch.long, device=model.device)[None]
+    tokens, margins = [], []
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model(input_ids=x, use_cache=False).logits[0, -1].float()
+            top = torch.topk(logits, 2).values
+            margins.append(float(top[0] - top[1]))
+            tokens.append(int(logits.argmax()))
+            x = torch.cat([x, x.new_tensor([[tokens[-1]]])], dim=1)
+    return tokens, margins
+
+
+def engine_first_step(engine, prompts: list[list[int]]) -> tuple[list[dict[str, np.ndarray]], dict[str, str]]:
+    """Queue every prompt, step the first step (all of them prefilled together) stage by stage: each prompt's rows of
+    every stage, and each stage's kernel."""
+    from tinyvllm.sampling_params import SamplingParams
+    requests = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)) for p in prompts]
+    stages, rows = engine.step_stages(all_logits=True), [{} for _ in prompts]
+    kernels = {}
+    try:
+        while True:
+            stage = next(stages)
+            out, row = stage.to_host(), 0
+            kernels[stage.name] = stage.kernel
+            for s in engine.last_schedule.scheduled:
+                p = requests.index(s.seq.data.request_id)
+                assert s.start == 0 and s.num_new_tokens == len(prompts[p]), "raise max_num_batched_tokens"
+                rows[p][stage.name] = out[row:row + s.num_new_tokens]
+                row += s.num_new_tokens
+    except StopIteration:
+        pass
+    while engine.has_unfinished_requests():
+        engine.step()
+    return rows, kernels
+
+
+def rel(a: np.ndarray, ref: np.ndarray) -> float:
+    a, ref = a.reshape(ref.shape).astype(np.float64), ref.astype(np.float64)
+    scale = np.abs(ref).max()
+    return float(np.abs(a - ref).max() / scale) if scale > 0 else float(np.abs(a - ref).max())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True, help="random-1b, an HF Llama directory, or a .gguf (converted)")
+    parser.add_argument("--model-dir", default="/tmp/llama-1b-random", help="where random-1b lives (written if missing)")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--long-prompt", type=int, default=LONG_PROMPT, help="tokens of the long prompt (0: none)")
+    parser.add_argument("--hf-device", default="cuda")
+    parser.add_argument("--out", default=str(ROOT / "out"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    def log(message):
+        print(f"[{time.perf_counter() - t0:7.1f} s] {message}", flush=True)
+
+    random_ids = args.model == "random-1b"
+    if random_ids:
+        from tinyvllm.bench.random_1b import prepare_random_model
+        model_dir, name = prepare_random_model(Path(args.model_dir), log=log), "random-1b"
+    elif Path(args.model).suffix == ".gguf":
+        from tinyvllm.gguf_import.convert import convert
+        model_dir = Path(args.model).with_suffix("")
+        model_dir = model_dir.parent / (model_dir.name + "-hf")
+        if not (model_dir / "model.safetensors").is_file():
+            convert(args.model, model_dir, log=log)
+        name = Path(args.model).stem
+    else:
+        model_dir, name = Path(args.model), Path(args.model).name
+    from tinyvllm.config import ModelConfig
+    config = ModelConfig.from_model_dir(model_dir)
+    prompts = prompts_for(model_dir, config.vocab_size, random_ids, args.long_prompt)
+    log(f"{name}: prompts of {[len(p) for p in prompts]} tokens")
+
+    import torch
+    from goldens.hf_reference import capture_stages, load_hf_model
+    from tinyvllm.bench.hf_baseline import load_hf_bf16
+    hf = load_hf_model(model_dir, device=args.hf_device)
+    hf_fp32 = [capture_stages(hf, p) for p in prompts]
+    fp32_greedy = [hf_greedy_with_margins(hf, p, args.new_tokens)[0] for p in prompts]
+    del hf
+    hf = load_hf_bf16(model_dir, torch.device(args.hf_device))
+    hf_bf16 = [capture_stages(hf, p) for p in prompts]
+    bf16_greedy = [hf_greedy_with_margins(hf, p, args.new_tokens) for p in prompts]
+    del hf
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    log("HF float32 and bf16: stages and greedy tokens captured")
+
+    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.sampling_params import SamplingParams
+    engine = LLMEngine(model_dir, EngineConfig(precision="fast", num_blocks=512, max_model_len=2048,
+                                               max_num_batched_tokens=4096, enable_prefix_caching=False), log=log)
+    assert engine.precision == "fast", engine.precision
+    engine.generate([prompts[0], prompts[-1][:40]], SamplingParams(temperature=0.0, max_tokens=2))  # compile
+    ours, kernels = engine_first_step(engine, prompts)
+    outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True))
+    fast_greedy = [o.token_ids for o in outs]
+    log("tinyvllm fast: first step's stages and greedy tokens")
+
+    lines = [f"# Fast path vs HF transformers bf16 on {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}",
+             "", f"Model {name} ({model_dir}); transformers {__import__('transformers').__version__}, torch "
+             f"{torch.__version__}; prompts of {[len(p) for p in prompts]} tokens, prefilled in one step.",
+             "Kernels of that step: " + "; ".join(sorted({f"{k.split('.', 2)[-1]}: {v}" for k, v in kernels.items()
+                                                          if k.startswith("layers.0.") and not v.startswith("(")}
+                                                         | {f"logits: {kernels['logits']}"})), "",
+             "| prompt | stage | spread HF bf16 vs fp32 | fast vs HF bf16 | fast vs HF fp32 | pass |",
+             "|---|---|---|---|---|---|"]
+    summary, all_ok = [], True
+    for p, prompt in enumerate(prompts):
+        worst = None
+        for stage in hf_fp32[p]:
+            spread = rel(hf_bf16[p][stage], hf_fp32[p][stage])
+            fast_b, fast_f = rel(ours[p][stage], hf_bf16[p][stage]), rel(ours[p][stage], hf_fp32[p][stage])
+            ok = fast_f <= 2 * spread + 1e-6 and fast_b <= 3 * spread + 1e-6
+            all_ok &= ok
+            summary.append({"prompt": p, "stage": stage, "spread": spread, "fast_vs_hf_bf16": fast_b,
+                            "fast_vs_hf_fp32": fast_f, "passed": ok})
+            show = not ok or stage in ("layers.0.q", "layers.0.attn", "layers.0.mlp", "final_norm", "logits")
+            if show:
+                lines.append(f"| {p} | {stage} | {spread:.2e} | {fast_b:.2e} | {fast_f:.2e} | {'PASS' if ok else 'FAIL'} |")
+            worst = max(worst or (0, ""), (fast_f / max(spread, 1e-12), stage))
+        lines.append(f"| {p} | (worst fast vs HF fp32 / spread; pass <= 2) | | | {worst[0]:.2f} at {worst[1]} | |")
+    lines += ["", "| prompt | logits spread (abs) | HF bf16 margin < 2 spread from step | < 1 spread from step | "
+                  "fast = HF bf16 tokens | checked up to | HF fp32 = HF bf16 tokens | pass |", "|---|---|---|---|---|---|---|---|"]
+    greedy = []
+    for p in range(len(prompts)):
+        spread_abs = float(np.abs(hf_bf16[p]["logits"].astype(np.float64) - hf_fp32[p]["logits"]).max())
+        tokens, margins = bf16_greedy[p]
+        undecided = next((s for s, m in enumerate(margins) if m < 2 * spread_abs), len(margins))
+        undecided_1x = next((s for s, m in enumerate(margins) if m < spread_abs), len(margins))
+        agree = next((s for s, (a, b) in enumerate(zip(fast_greedy[p], tokens)) if a != b), len(tokens))
+        hf_agree = next((s for s, (a, b) in enumerate(zip(fp32_greedy[p], tokens)) if a != b), len(tokens))
+        ok = agree >= undecided
+        all_ok &= ok
+        greedy.append({"prompt": p, "logits_spread": spread_abs, "undecided_from": undecided,
+                       "undecided_1x_from": undecided_1x, "fast_agree": agree, "hf_fp32_agree": hf_agree,
+                       "fast": fast_greedy[p], "hf_bf16": tokens, "margins": margins, "passed": ok})
+        lines.append(f"| {p} | {spread_abs:.3g} | {undecided} | {undecided_1x} | {agree}/{len(tokens)} | {undecided} | "
+                     f"{hf_agree}/{len(tokens)} | {'PASS' if ok else 'FAIL'} |")
+    lines += ["", f"Wall time {time.perf_counter() - t0:.0f} s.", "", "Result: " + ("PASS" if all_ok else "FAIL")]
+    report = "\n".join(lines)
+    print(report)
+    (out / f"fast_path_compare-{name}.md").write_text(report + "\n")
+    (out / f"fast_path_compare-{name}.json").write_text(json.dumps({"stages": summary, "greedy": greedy}, indent=1))
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Which kernel runs each step of the forward pass, per precision (EngineConfig.precision).
+
+    fp32   float32 activations on CUDA cores: the reference path (goldens, check-goldens, the debugger's default;
+           every stage within 1e-4 of HF float32)
+    fast   activations rounded to bf16 into tensor-core mma (kernels_numba/gemm_tc.py, attention/prefill_tc.py),
+           float32 accumulation, float32 stage outputs; weights are bf16 already
+    auto   fast on a GPU with bf16 weights, else fp32 (the simulator; a float32 or float16 checkpoint)
+
+ModelRunner.forward_stages is the same generator with the same stages either way; only these choices differ:
+
+| step / stage                                 | fp32                             | fast                           |
+|----------------------------------------------|----------------------------------|--------------------------------|
+| decode steps of <= 32 tokens (GPU)           | fused-GEMV layer (gemv_fused)    | the same (memory-bound: the    |
+|                                              |                                  | bf16 weights are the bytes)    |
+| q|k|v, o_proj, gate|up, the LM head's rows   | linear: gemm_blocked             | gemm_tc (x rounded to bf16 by  |
+| (projections of >= tc_min_rows() rows)       | (simulator: gemv)                | gemm_tc's to_bf16_rows)        |
+| silu(gate) * up, then down_proj              | silu_mul, linear                 | silu_mul_bf16, gemm_tc         |
+| RMSNorms, residual adds, RoPE + K/V write    | rmsnorm, add_rmsnorm, rope_qkv   | the same kernels               |
+| attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
+| attention, decode-only steps                 | decode_gqa, flash_decode (simulator: per_query): both precisions  |
+
+tc_min_rows() is the GEMV crossover: gemv_coalesced serves up to MAX_COALESCED_TOKENS rows on a GPU, so the
+tensor cores take over where gemm_blocked did; in the simulator every projection of 2 or more rows takes them (so
+the demo model's prefill runs the fast kernels there, with small tiles: tc_tile).
+
+Why no ResidualEpilogue behind o_proj and down_proj: an RMSNorm reads the sum right after, over whole rows, so
+it is a launch either way; gemm_tc + epilogue + rmsnorm moves the same 20 bytes a value as gemm_tc + add_rmsnorm
+(out written; o and h read, h and x written). It would pay once a norm could follow inside the next GEMM.
+Why to_bf16_rows in front of the other GEMMs: their inputs (the normed x, the attention output) are stage outputs
+the debugger and the golden check read in float32, so a float32 copy exists anyway; the conversion adds 6 bytes a
+value and a launch: at K 2048, 12 kB a token (3 ns at 4.3 TB/s) against 8-13 MFLOP (28-42 ns at ~300 TFLOP/s), 7-10 %
+of a projection (an estimate, not measured). Next step if it shows in a profile: rmsnorm / add_rmsnorm writing the
+bf16 copy beside the float32 one (2 bytes a value, no launch). The widest input, the gate's output (T x I), is written
+as bf16 directly (silu_mul_bf16): it is no stage output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels_numba import gemm_tc as _gemm_tc
+from kernels_numba import matmul as _matmul
+from kernels_numba.activation import silu_mul, silu_mul_bf16
+from kernels_numba.attention import build_prefill_gqa_tiles
+from kernels_numba.attention import prefill_tc as _prefill_tc
+from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
+from kernels_numba.common import SIMULATOR
+from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc
+
+from .config import PRECISIONS
+from .errors import TinyVLLMError
+# The simulator's gemm_tc tile: one warp of 16 x 32 (a simulated lane is a Python thread; on the demo model's
+# layer 1.8 s against 4.1 s for gemm_tc's test tile TileShape(32, 32, 32, 1, 2)).
+SIMULATOR_TILE = TileShape(16, 32, 32, 1, 1)
+SIMULATOR_ATTENTION_KEYS = 16  # prefill_tc's key tile in the simulator (16 keys: one mma k step of P @ V)
+
+
+def resolve_precision(requested: str, weight_dtype) -> str:
+    """"fp32" or "fast" for a requested precision and the model's device weight dtype; a one-line error for a
+    precision that cannot run."""
+    if requested not in PRECISIONS:
+        raise TinyVLLMError(f"invalid engine setting: precision must be one of {', '.join(PRECISIONS)}, got "
+                            f"{requested!r}")
+    bf16_weights = np.dtype(weight_dtype) == np.uint16
+    if requested == "auto":
+        return "fast" if bf16_weights and not SIMULATOR else "fp32"
+    if requested == "fast" and not bf16_weights:
+        raise TinyVLLMError("--precision fast needs bf16 weights (the tensor cores read them as stored); this "
+                            "checkpoint's are float32 (F32 or F16 tensors): use --precision fp32")
+    return requested
+
+
+def tc_tile(rows: int, out_features: int) -> TileShape:
+    """gemm_tc's tile for an output of rows x out_features: gemm_tc.tile_for's choice on a GPU (from the H200 sweep),
+    SIMULATOR_TILE in the simulator."""
+    return SIMULATOR_TILE if SIMULATOR else _gemm_tc.tile_for(rows, out_features)
+
+
+def tc_min_rows() -> int:
+    """The fewest rows a projection takes to the tensor cores: past the GEMV's crossover on a GPU."""
+    return 2 if SIMULATOR else _matmul.MAX_COALESCED_TOKENS + 1
+
+
+def tc_attention_shape() -> tuple[int, int]:
+    """(warps, keys per tile) of prefill_tc: its defaults on a GPU (read at each call, as the sweeps set them), the
+    narrowest block in the simulator."""
+    return (1, SIMULATOR_ATTENTION_KEYS) if SIMULATOR else (_prefill_tc.TC_WARPS, _prefill_tc.TC_KEY_TILE)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The per-precision kernel choices of one model (see the module's table)."""
+    precision: str        # "fp32" or "fast" (resolved)
+    head_dim: int
+    group: int            # n_heads // n_kv_heads
+
+    def __post_init__(self):
+        assert self.precision in ("fp32", "fast"), self.precision
+
+    @property
+    def fast(self) -> bool:
+        return self.precision == "fast"
+
+    # ---- projections ----
+    def uses_tensor_cores(self, rows: int, in_features: int) -> bool:
+        return self.fast and rows >= tc_min_rows() and in_features % CHUNK == 0
+
+    def projection_name(self, rows: int, in_features: int) -> str:
+        if self.uses_tensor_cores(rows, in_features):
+            return "gemm_tc.gemm_tc"
+        return "matmul." + _matmul.linear_kernel_name(rows, in_features)
+
+    def project(self, x, w):
+        """y = x @ W.T with the kernel projection_name names (x float32 or, for gemm_tc, uint16 bf16 bits)."""
+        if self.uses_tensor_cores(x.shape[0], x.shape[1]):
+            return gemm_tc(x, w, tile=tc_tile(x.shape[0], w.shape[0]))
+        return _matmul.linear(x, w)
+
+    def swiglu_name(self, rows: int, intermediate: int) -> str:
+        return "activation.silu_mul_bf16" if self.uses_tensor_cores(rows, intermediate) else "activation.silu_mul"
+
+    def swiglu(self, gate, up):
+        """silu(gate) * up for down_proj: bf16 bits when down_proj runs on tensor cores, else float32."""
+        if self.uses_tensor_cores(gate.shape[0], gate.shape[1]):
+            return silu_mul_bf16(gate, up)
+        return silu_mul(gate, up)
+
+    # ---- prefill attention ----
+    @property
+    def tc_attention(self) -> bool:
+        return self.fast and self.head_dim % 16 == 0 and self.group <= 16 * tc_attention_shape()[0]
+
+    def prefill_tiles(self, query_seq, positions):
+        """The query tiles a step with prefill chunks needs (built once, host side, for all layers); None when its
+        attention builds none (the simulator's per_query)."""
+        if self.tc_attention:
+            return build_prefill_tc_tiles(query_seq, positions, self.group, tc_attention_shape()[0])
+        return None if SIMULATOR else build_prefill_gqa_tiles(query_seq, positions, self.head_dim, self.group)
+
+    def prefill_attention(self, block_tables, query_seq, positions, scale, tiles):
+        """(q, k_pool, v_pool) -> out on tensor cores, and its name; None when this plan has none."""
+        if not self.tc_attention:
+            return None
+        warps, keys = tc_attention_shape()
+
+        def tc(q, k_pool, v_pool):
+            return paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, positions, scale,
+                                              tiles=tiles, warps=warps, keys_per_tile=keys)
+        return tc, "attention.prefill_tc.paged_attention_prefill_tc"
