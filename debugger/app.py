@@ -7,6 +7,7 @@ messages (debugger/messages.py) carrying immutable snapshots, and the panels onl
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 from rich.text import Text
@@ -17,11 +18,12 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from textual.worker import get_current_worker
 
-from .messages import RunFinished, RunProgress, SessionUpdated
-from .session import Breakpoint, RunResult, Session, SessionView, StageRecord, StepRecord
+from .messages import FeedChanged, RunFinished, RunProgress, SessionUpdated
+from .session import (BREAKPOINT_HELP, ArrivalRecord, Breakpoint, RunResult, Session, SessionView, StageRecord,
+                      StepRecord)
 from .widgets.block_table_panel import BlockTablePanel
 from .widgets.golden_diff import GoldenDiffPanel
-from .widgets.help_screen import HelpScreen
+from .widgets.help_screen import HelpScreen, TextScreen
 from .widgets.scheduler_panel import SchedulerPanel
 from .widgets.tensor_inspector import TensorInspector
 from .widgets.timeline import TimelinePanel
@@ -30,8 +32,10 @@ Job = Callable[[Session, Callable[[], bool], Callable], object]
 
 INPUT_PROMPTS = {
     "request": "add a request: text, token ids as [1, 2, 3], or golden N  (enter adds, escape closes)",
-    "breakpoint": "run until: layer N | stage NAME (globs ok) | finished [ID] | golden [THRESHOLD]  (escape closes)",
+    "breakpoint": f"run until: {BREAKPOINT_HELP}  (escape closes)",
+    "standing": f"standing breakpoint (c stops at it): {BREAKPOINT_HELP}; clear | del N  (escape closes)",
 }
+VIEW_INTERVAL_S = 0.1   # a long run shows a new snapshot at most this often
 
 
 def summarize(result) -> str:
@@ -44,6 +48,8 @@ def summarize(result) -> str:
         return f"ran {result.name} ({result.kernel}, {result.seconds * 1000:.1f} ms)"
     if isinstance(result, StepRecord):
         return f"step {result.step} done: {result.describe()}"
+    if isinstance(result, ArrivalRecord):
+        return f"arrived before step {result.step}: {result.describe()}"
     assert isinstance(result, RunResult)
     event = result.event
     where = ("" if event is None else f" at {event.name}" if isinstance(event, StageRecord)
@@ -72,9 +78,12 @@ class DebuggerApp(App):
         Binding("d", "step_decode", "step"),
         Binding("c", "continue_run", "continue"),
         Binding("b", "ask('breakpoint')", "break"),
+        Binding("B", "ask('standing')", "bkpts", show=False),
         Binding("a", "ask('request')", "add"),
         Binding("r", "reset", "reset"),
         Binding("x", "cancel", "cancel"),
+        Binding("w", "record", "rec"),
+        Binding("v", "report", "report"),
         Binding("left_square_bracket", "row(-1)", "row", show=False),
         Binding("right_square_bracket", "row(1)", "row", show=False),
         Binding("question_mark", "help", "help"),
@@ -99,6 +108,18 @@ class DebuggerApp(App):
         if not os.environ.get("TINYVLLM_DEBUG"):
             self._exit_renderables.clear()
 
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Keys that only mean something with a feed of requests show (and work) only with one: w records
+        a served session, v reports on a replay; r (reset) would drop the clients, so it goes."""
+        feed = self.session.feed
+        if action == "record":
+            return feed is not None and hasattr(feed, "recorder")
+        if action == "report":
+            return feed is not None and hasattr(feed, "summary")
+        if action == "reset":
+            return feed is None
+        return True
+
     def compose(self) -> ComposeResult:
         yield Header()
         yield SchedulerPanel(id="scheduler")
@@ -115,6 +136,8 @@ class DebuggerApp(App):
         yield Footer(show_command_palette=False)   # ctrl+p still opens it
 
     def on_mount(self) -> None:
+        if self.session.feed is not None:
+            self.session.feed.on_change = lambda: self.post_message(FeedChanged())
         self.show(self.session.view())
 
     def show(self, view: SessionView) -> None:
@@ -142,7 +165,35 @@ class DebuggerApp(App):
         self.launch("decode step", lambda s, cancelled, progress: s.step_decode(cancelled, progress))
 
     def action_continue_run(self) -> None:
-        self.launch("continue", lambda s, cancelled, progress: s.continue_to_end(cancelled, progress))
+        if self.session.feed is not None and self.session.feed.serves_forever:
+            self.launch("serve", lambda s, cancelled, progress: s.serve(cancelled, progress))
+        else:
+            self.launch("continue", lambda s, cancelled, progress: s.continue_to_end(cancelled, progress))
+
+    def action_record(self) -> None:
+        feed = self.session.feed
+        if feed is None or not hasattr(feed, "recorder"):
+            self.set_status("w records a served session: start it with tinyvllm serve --debug")
+            return
+        try:
+            self.set_status(feed.toggle_recording())
+        except Exception as e:  # a directory we cannot write to
+            self.set_status(f"cannot record: {e}")
+        self.show(self.session.view())
+
+    def action_report(self) -> None:
+        report = self.session.feed.report() if self.session.feed is not None else None
+        if report is None:
+            self.set_status("v shows a replay's report: tinyvllm debug --replay FILE")
+            return
+        self.push_screen(TextScreen("replay report (escape closes)", report))
+
+    def on_feed_changed(self, message: FeedChanged) -> None:
+        """A client arrived or went away: shown now while paused (a running command shows it at its next step),
+        and a client that went away has its request aborted at once unless a step is half done."""
+        if not self.busy:
+            self.session.apply_feed_aborts()
+            self.show(self.session.view())
 
     def action_reset(self) -> None:
         def reset(s, cancelled, progress):
@@ -177,10 +228,14 @@ class DebuggerApp(App):
     def run_job(self, command: str, job: Job) -> None:
         worker = get_current_worker()
         per_step = self.session.view().stages_per_step
+        shown = [0.0]
 
         def progress(event) -> None:
-            if isinstance(event, StepRecord):
-                self.post_message(SessionUpdated(self.session.view()))
+            if isinstance(event, (StepRecord, ArrivalRecord)):
+                now = time.monotonic()
+                if isinstance(event, ArrivalRecord) or now - shown[0] >= VIEW_INTERVAL_S:
+                    shown[0] = now
+                    self.post_message(SessionUpdated(self.session.view()))
             else:
                 self.post_message(RunProgress(command, event.step, event.name, event.index + 1, per_step))
 
@@ -201,9 +256,29 @@ class DebuggerApp(App):
     def on_run_finished(self, message: RunFinished) -> None:
         self.busy = False
         self.show(message.view)
-        self.set_status(message.summary)
+        summary = message.summary
+        feed = self.session.feed
+        if feed is not None and getattr(feed, "done", False) and hasattr(feed, "summary"):
+            summary += f" · {feed.summary()} (v: report)"
+        self.set_status(summary)
         if message.failed:
             self.notify(message.summary, severity="error", markup=False)
+
+    def edit_breakpoints(self, text: str) -> str:
+        """`clear`, `del N` (1-based, as listed), or a breakpoint spec to add; ValueError if unreadable."""
+        standing = self.session.breakpoints
+        if text == "clear":
+            standing.clear()
+            return "standing breakpoints cleared"
+        if text.startswith("del "):
+            try:
+                removed = standing.pop(int(text[4:]) - 1)
+            except (ValueError, IndexError):
+                raise ValueError(f"del N takes N in 1..{len(standing)}") from None
+            return f"removed breakpoint {removed.describe()}"
+        breakpoint = Breakpoint.parse(text)
+        standing.append(breakpoint)
+        return f"breakpoint {len(standing)}: {breakpoint.describe()} (c stops at it)"
 
     # ---- the input box (add request, breakpoint) -------------------------------------------------
     def action_ask(self, mode: str) -> None:
@@ -231,6 +306,9 @@ class DebuggerApp(App):
                 request_id = self.session.add_request(self.session.prompt_from_text(text))
                 self.show(self.session.view())
                 self.set_status(f"added request {request_id}: it joins at the next scheduler step")
+            elif mode == "standing":
+                self.set_status(self.edit_breakpoints(text))
+                self.show(self.session.view())
             elif mode == "breakpoint":
                 breakpoint = Breakpoint.parse(text)
                 self.launch(f"until {text}", lambda s, cancelled, progress: s.run_until(breakpoint, cancelled,

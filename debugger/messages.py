@@ -30,3 +30,8 @@ class RunFinished(Message):
     summary: str              # why it stopped, or the error
     view: SessionView
     failed: bool = False
+
+
+@dataclass
+class FeedChanged(Message):
+    """A request arrived from outside the debugger (an HTTP client), or its client went away."""

@@ -1,6 +1,8 @@
-"""Make docs/debugger.svg: the demo model with its goldens, stepped through its first layer (press `l`).
+"""Make docs/debugger.svg: the demo model with its goldens, stepped through its first layer (press `l`);
+with --serve, docs/serve-debug.svg: `tinyvllm serve --debug` with two streaming HTTP clients, recording,
+after one decode step (`d`).
 
-    python -m debugger.screenshot [--out docs/debugger.svg]     (runs in the simulator unless told otherwise)
+    python -m debugger.screenshot [--serve] [--out FILE]     (runs in the simulator unless told otherwise)
 """
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import asyncio
 import os
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "debugger.svg"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DEFAULT_OUT = DOCS / "debugger.svg"
+SERVE_OUT = DOCS / "serve-debug.svg"
 
 
 async def take(out: Path, size=(160, 48)) -> None:
@@ -27,13 +31,72 @@ async def take(out: Path, size=(160, 48)) -> None:
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
 
+async def take_serving(out: Path, size=(160, 48)) -> None:
+    import tempfile
+    import threading
+    import time
+
+    import httpx
+
+    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.serving.cli import listen
+    from tinyvllm.serving.debug_mode import ServerThread, serving_session
+
+    from .app import DebuggerApp
+    engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda message: None)
+    session, feed = serving_session(engine, None)
+    server = ServerThread(feed, listen("127.0.0.1", 0), "tinyvllm-demo")
+    feed.url = server.url
+    feed.start()
+    server.start()
+    bodies = [{"prompt": "The sun rose over the town", "max_tokens": 8, "temperature": 0, "stream": True},
+              {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0.8, "seed": 3,
+               "stream": True}]
+
+    def client(path, body):
+        with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=600) as response:
+            for _ in response.iter_lines():
+                pass
+
+    threads = [threading.Thread(target=client, args=("/v1/completions", bodies[0])),
+               threading.Thread(target=client, args=("/v1/chat/completions", bodies[1]))]
+    app = DebuggerApp(session)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            here = os.getcwd()
+            os.chdir(tmp)   # w records to ./tinyvllm-session.jsonl
+            async with app.run_test(size=size) as pilot:
+                await pilot.press("w")
+                await pilot.press("B", *"kv 50%", "enter")
+                threads[0].start()
+                while len(session.view().requests) < 1:
+                    await pilot.pause(0.05)
+                await pilot.press("d")
+                await app.workers.wait_for_complete()
+                threads[1].start()
+                deadline = time.monotonic() + 30
+                while len(session.view().requests) < 2 and time.monotonic() < deadline:
+                    await pilot.pause(0.05)
+                await pilot.pause(0.3)
+                app.save_screenshot(filename=out.name, path=str(out.parent))
+            os.chdir(here)
+    finally:
+        session.close()
+        server.stop()
+        for t in threads:
+            if t.is_alive():
+                t.join(60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--serve", action="store_true", help="serve --debug with two HTTP clients instead")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-    asyncio.run(take(args.out))
-    print(f"wrote {args.out}")
+    out = args.out or (SERVE_OUT if args.serve else DEFAULT_OUT)
+    asyncio.run(take_serving(out) if args.serve else take(out))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -121,12 +121,33 @@ class StepRecord:
     new_tokens: dict[str, list[int]]   # request id -> tokens this step sampled
     finished: tuple[str, ...]          # request ids that finished in this step
     new_text: dict[str, str] = field(default_factory=dict)   # request id -> those tokens decoded
+    busy_seconds: float = 0.0          # the step's time inside the session's commands (pauses left out)
 
     def describe(self) -> str:
         """`req 0: 390 ' the', req 1: 17 'x'; finished 0` (what the step sampled, readable)."""
         sampled = ", ".join(f"req {r}: {' '.join(map(str, ids))} {self.new_text.get(r, '')!r}"
                             for r, ids in self.new_tokens.items()) or "nothing sampled"
         return sampled + (f"; finished {', '.join(self.finished)}" if self.finished else "")
+
+
+@dataclass(frozen=True)
+class ArrivalRecord:
+    """Requests that entered the engine from a feed (HTTP clients, a replay) before step `step`."""
+    step: int
+    request_ids: tuple[str, ...]
+    clients: tuple[str | None, ...]      # who sent each (None: not a client's)
+
+    def describe(self) -> str:
+        return ", ".join(r + (f" from {c}" if c else "") for r, c in zip(self.request_ids, self.clients))
+
+
+@dataclass(frozen=True)
+class ScheduleFacts:
+    """What the scheduler did at the start of the current step, for the serving breakpoints."""
+    kv_before: float = 0.0                    # KV usage before the step was scheduled
+    kv_now: float = 0.0
+    preempted: tuple[str, ...] = ()
+    prefix_hits: tuple[tuple[str, int], ...] = ()   # (request id, tokens from the prefix cache) of new prefills
 
 
 @dataclass(frozen=True)
@@ -140,17 +161,24 @@ class TimelineEntry:
 @dataclass(frozen=True)
 class RunResult:
     reason: str               # "stopped" (reached what was asked), "breakpoint", "idle" (nothing to run), "cancelled"
-    event: StageRecord | StepRecord | None
+    event: StageRecord | StepRecord | ArrivalRecord | None
     num_events: int
     detail: str = ""
 
 
 # ---- breakpoints ----------------------------------------------------------------------------------
+BREAKPOINT_HELP = ("layer N | stage NAME (globs ok) | finished [ID glob | from CLIENT] | golden [THRESHOLD] | "
+                   "arrival [CLIENT] | kv FRACTION|PCT% | preemption | prefix-hit | slow MS")
+
+
 @dataclass(frozen=True)
 class Breakpoint:
     """`layer N` (entering layer N), `stage NAME` (a name or glob, e.g. layers.*.mlp; a bare name works
-    too), `finished [REQUEST_ID]` (a request finished), `golden [THRESHOLD]` (a golden error above the
-    threshold, relative; default: the session's rtol)."""
+    too), `finished [ID]` (a request finished; ID may be a glob, e.g. cmpl-*), `finished from CLIENT` (a
+    request of that client, host or host:port, finished), `golden [THRESHOLD]` (a golden error above the
+    threshold, relative; default: the session's rtol); for serving: `arrival [CLIENT]` (a request entered
+    the engine), `kv X` (KV usage rose above X: 0.8 or 80%), `preemption`, `prefix-hit` (a new prefill
+    took blocks from the prefix cache), `slow MS` (a step took longer than MS milliseconds of engine time)."""
     kind: str
     value: object = None
 
@@ -158,26 +186,58 @@ class Breakpoint:
     def parse(cls, spec: str) -> Breakpoint:
         words = spec.split()
         if not words:
-            raise ValueError("empty breakpoint: try 'layer 1', 'stage layers.1.mlp', 'finished', 'golden 1e-3'")
+            raise ValueError(f"empty breakpoint: try {BREAKPOINT_HELP}")
         kind, args = words[0].lower(), words[1:]
         try:
             if kind == "layer" and len(args) == 1:
                 return cls("layer", int(args[0]))
             if kind == "stage" and len(args) == 1:
                 return cls("stage", args[0])
-            if kind == "finished" and len(args) <= 1:
+            if kind == "finished" and len(args) == 2 and args[0] == "from":
+                return cls("finished_from", args[1])
+            if kind == "finished" and len(args) <= 1 and args != ["from"]:
                 return cls("finished", args[0] if args else None)
             if kind == "golden" and len(args) <= 1:
                 return cls("golden", float(args[0]) if args else None)
+            if kind in ("arrival", "arrive", "arrived") and len(args) <= 1:
+                return cls("arrival", args[0] if args else None)
+            if kind == "kv" and len(args) == 1:
+                text = args[0]
+                fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+                if 0 <= fraction < 1:
+                    return cls("kv", fraction)
+            if kind in ("preemption", "preempt", "preempted") and not args:
+                return cls("preemption")
+            if kind in ("prefix-hit", "prefix", "cache-hit") and not args:
+                return cls("prefix_hit")
+            if kind == "slow" and len(args) == 1:
+                ms = float(args[0].removesuffix("ms"))
+                if ms > 0:
+                    return cls("slow", ms / 1000)
         except ValueError:
             pass
         if len(words) == 1 and (words[0] in ("embedding", "final_norm", "logits") or "." in words[0]):
             return cls("stage", words[0])
-        raise ValueError(f"cannot read breakpoint {spec!r}: try 'layer 1', 'stage layers.1.mlp', "
-                         f"'finished [id]', 'golden [threshold]'")
+        raise ValueError(f"cannot read breakpoint {spec!r}: try {BREAKPOINT_HELP}")
 
-    def hit(self, event, rtol: float) -> str | None:
-        """What was hit, or None."""
+    def describe(self) -> str:
+        """The spec again, as a user would write it."""
+        value = self.value
+        if self.kind == "finished_from":
+            return f"finished from {value}"
+        if self.kind == "kv":
+            return f"kv {value * 100:g}%"
+        if self.kind == "slow":
+            return f"slow {value * 1000:g}ms"
+        if self.kind == "prefix_hit":
+            return "prefix-hit"
+        return self.kind + ("" if value is None else f" {value}")
+
+    def hit(self, event, rtol: float, facts: ScheduleFacts | None = None,
+            client_of: Callable[[str], str | None] | None = None) -> str | None:
+        """What was hit, or None. `facts`: the current step's schedule (serving kinds, at its first stage);
+        `client_of(request id)`: who sent a request (None: nobody, e.g. added by hand)."""
+        client_of = client_of or (lambda request_id: None)
         if isinstance(event, StageRecord):
             if self.kind == "layer" and event.layer == self.value:
                 return f"entered layer {self.value} ({event.name})"
@@ -189,11 +249,53 @@ class Breakpoint:
                        (g.status == "pass" and g.max_rel > threshold)]
                 if bad:
                     return f"golden error at {event.name}: prompt {bad[0].prompt} rel {bad[0].max_rel:.3e}"
-        if isinstance(event, StepRecord) and self.kind == "finished":
-            ids = [r for r in event.finished if self.value is None or r == self.value]
-            if ids:
-                return f"request {ids[0]} finished"
+            if event.index == 0 and facts is not None:
+                return self._schedule_hit(facts)
+        if isinstance(event, StepRecord):
+            if self.kind == "finished":
+                ids = [r for r in event.finished if self.value is None or fnmatch.fnmatchcase(r, str(self.value))]
+                if ids:
+                    return f"request {ids[0]} finished"
+            if self.kind == "finished_from":
+                ids = [r for r in event.finished if _same_client(client_of(r), str(self.value))]
+                if ids:
+                    return f"request {ids[0]} from {client_of(ids[0])} finished"
+            if self.kind == "slow" and event.busy_seconds > self.value:
+                return f"step {event.step} took {event.busy_seconds * 1000:.1f} ms (> {self.value * 1000:g} ms)"
+        if isinstance(event, ArrivalRecord) and self.kind == "arrival":
+            arrived = [(r, c) for r, c in zip(event.request_ids, event.clients)
+                       if self.value is None or _same_client(c, str(self.value))]
+            if arrived:
+                return "arrival: " + ", ".join(r + (f" from {c}" if c else "") for r, c in arrived)
         return None
+
+    def _schedule_hit(self, facts: ScheduleFacts) -> str | None:
+        if self.kind == "kv" and facts.kv_before <= self.value < facts.kv_now:
+            return f"KV usage rose above {self.value * 100:g}%: {facts.kv_before * 100:.1f}% -> {facts.kv_now * 100:.1f}%"
+        if self.kind == "preemption" and facts.preempted:
+            return f"preempted {', '.join(facts.preempted)}"
+        if self.kind == "prefix_hit" and facts.prefix_hits:
+            return "prefix-cache hit: " + ", ".join(f"{r} reuses {n} tokens" for r, n in facts.prefix_hits)
+        return None
+
+
+def _same_client(client: str | None, wanted: str) -> bool:
+    """`wanted` is a host (any port) or host:port."""
+    return client is not None and (client == wanted or client.rsplit(":", 1)[0] == wanted)
+
+
+def describe_params(p: SamplingParams) -> str:
+    """Sampling parameters in a few characters: `greedy max 8`, `T0.8 p0.9 k20 seed 3 max 16`."""
+    parts = ["greedy"] if p.temperature == 0 else [f"T{p.temperature:g}"]
+    if p.temperature != 0 and p.top_p < 1:
+        parts.append(f"p{p.top_p:g}")
+    if p.temperature != 0 and p.top_k > 0:
+        parts.append(f"k{p.top_k}")
+    if p.seed is not None:
+        parts.append(f"seed {p.seed}")
+    if p.max_tokens is not None:
+        parts.append(f"max {p.max_tokens}")
+    return " ".join(parts)
 
 
 # ---- views for the UI -----------------------------------------------------------------------------
@@ -212,6 +314,9 @@ class RequestView:
     itl_mean: float | None
     golden_prompt: int | None
     greedy_agree: tuple[int, int] | None   # (tokens agreeing with the golden greedy ids, tokens compared)
+    client: str | None = None     # who sent it (serving: host:port), None when added in the debugger
+    params: str = ""              # its sampling parameters, short (describe_params)
+    stream: str = ""              # what its client has received (serving: queued, streaming 3 sent, gone, ...)
 
 
 @dataclass(frozen=True)
@@ -248,6 +353,8 @@ class SessionView:
     golden: GoldenView
     timeline: tuple[TimelineEntry, ...]
     idle: bool                    # no request left to run
+    breakpoints: tuple[str, ...] = ()   # the standing breakpoints `continue` stops at
+    serving: str = ""             # the feed's one-line status (server address, recording), "" without one
 
 
 @dataclass
@@ -269,12 +376,17 @@ class Session:
         self.initial_prompts = list(initial_prompts)
         self._model, self._engine_config = engine.model, engine.config
         self._lock = threading.RLock()
+        self.breakpoints: list[Breakpoint] = []   # standing ones: continue_to_end and serve stop at any of them
+        self.feed = None    # a source of requests stepped in by the session (serving: debug_mode.SteppedEngineLoop)
+        self._closed = False
         self._start(engine)
 
     # ---- requests and reset ----------------------------------------------------------------------
     def reset(self) -> None:
         """A fresh engine (empty KV pool, no requests) on the same weights, with the initial prompts queued."""
         with self._lock:
+            if self.feed is not None:
+                raise ValueError("reset is off while the engine serves requests (it would drop its clients)")
             self._start(LLMEngine(self._model, self._engine_config, log=lambda message: None))
 
     def _start(self, engine: LLMEngine) -> None:
@@ -291,6 +403,8 @@ class Session:
         self._stages = None
         self._all_logits = False
         self._step_start = 0.0
+        self._step_busy = 0.0                         # seconds inside step_stage calls in the current step
+        self._kv_before, self.facts = 0.0, None       # the current step's ScheduleFacts (after its first stage)
         self._spans: list[tuple[float, float]] = []   # wall (start, end) of every step_stage call
         self._span_starts: list[float] = []
         self._active_before: list[float] = []         # engine seconds before each span
@@ -298,10 +412,11 @@ class Session:
         for prompt in self.initial_prompts:
             self.add_request(prompt)
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> str:
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
         """Queue a prompt; it joins at the next scheduler step. Returns its request id."""
         with self._lock:
-            request_id = self.engine.add_request(prompt, params or self.options.params)
+            request_id = self.engine.add_request(prompt, params or self.options.params, request_id=request_id)
             self.request_ids.append(request_id)
             ids = self.engine.request(request_id).prompt_token_ids
             for p, golden in enumerate(self.goldens.prompts if self.goldens else []):
@@ -309,6 +424,22 @@ class Session:
                     self.golden_prompt_of[request_id] = p
                     break
             return request_id
+
+    def close(self) -> None:
+        """No more steps (a worker thread still running stops at its next stage); the feed, if any, ends its
+        requests (serve --debug: each client gets finish_reason "abort")."""
+        with self._lock:
+            self._closed = True
+            self._stages = None
+            if self.feed is not None and hasattr(self.feed, "close"):
+                self.feed.close()
+
+    def apply_feed_aborts(self) -> None:
+        """Abort now the requests whose clients went away (between steps only: a half-done step keeps its
+        batch until it ends)."""
+        with self._lock:
+            if self.feed is not None and not self.in_step:
+                self.feed.admit(self, adds=False)
 
     def prompt_from_text(self, text: str) -> str | list[int]:
         """What the add-request box accepts: text, token ids as [1, 2, 3], or `golden N`."""
@@ -338,17 +469,23 @@ class Session:
         with self._lock:
             start = time.perf_counter()
             try:
+                if self._closed:
+                    return None
                 if self._stages is None:
+                    if self.feed is not None:
+                        self._admit()
                     if not self.engine.has_unfinished_requests():
                         return None
                     self._begin_step()
                 try:
                     stage = next(self._stages)
                 except StopIteration as done:
-                    return self._end_step(done.value or [])
+                    return self._end_step(done.value or [], start)
                 return self._record_stage(stage)
             finally:
-                self._add_span(start, time.perf_counter())
+                end = time.perf_counter()
+                self._add_span(start, end)
+                self._step_busy += end - start
 
     # ---- engine time ---------------------------------------------------------------------------------
     def _add_span(self, start: float, end: float) -> None:
@@ -375,28 +512,60 @@ class Session:
         return self._run(lambda e: isinstance(e, StepRecord), cancelled, progress)
 
     def continue_to_end(self, cancelled=None, progress=None) -> RunResult:
-        return self._run(lambda e: False, cancelled, progress)
+        """Until every request has finished, or a standing breakpoint (self.breakpoints) is hit."""
+        return self._run(self._standing_hit, cancelled, progress, "breakpoint")
+
+    def serve(self, cancelled=None, progress=None) -> RunResult:
+        """Like continue_to_end, but with a feed it never runs out of work: idle, it waits for the next
+        request (checking `cancelled` every 0.1 s). Stops at a standing breakpoint, or when cancelled."""
+        return self._run(self._standing_hit, cancelled, progress, "breakpoint", serve=self.feed is not None)
 
     def run_until(self, breakpoint: Breakpoint, cancelled=None, progress=None) -> RunResult:
-        return self._run(lambda e: breakpoint.hit(e, self.options.rtol), cancelled, progress, breakpoint)
+        return self._run(lambda e: self.check(breakpoint, e) or self._standing_hit(e), cancelled, progress,
+                         "breakpoint")
+
+    def check(self, breakpoint: Breakpoint, event) -> str | None:
+        """What `breakpoint` hits at `event`, with this session's context (schedule facts, clients)."""
+        return breakpoint.hit(event, self.options.rtol, self.facts, self.client_of)
+
+    def _standing_hit(self, event) -> str | None:
+        return next((hit for b in list(self.breakpoints) if (hit := self.check(b, event))), None)
+
+    def client_of(self, request_id: str) -> str | None:
+        return self.feed.client_of(request_id) if self.feed is not None else None
 
     def _run(self, stop: Callable, cancelled: Callable[[], bool] | None, progress: Callable | None,
-             breakpoint: Breakpoint | None = None) -> RunResult:
-        """Step stages until `stop(event)`; between stages check `cancelled()` and report to `progress`."""
+             reason: str = "stopped", serve: bool = False) -> RunResult:
+        """Step stages until `stop(event)`; between stages check `cancelled()` and report to `progress`.
+        Between steps, requests from the feed enter the engine first (an ArrivalRecord event)."""
         last, count = None, 0
         while True:
             if cancelled is not None and cancelled():
                 return RunResult("cancelled", last, count)
-            event = self.step_stage()
+            event = self._admit() if not self.in_step and self.feed is not None else None
             if event is None:
-                return RunResult("idle", last, count)
+                event = self.step_stage()
+            if event is None:
+                if not serve:
+                    return RunResult("idle", last, count)
+                self.feed.wait(0.1)
+                continue
             last, count = event, count + 1
             if progress is not None:
                 progress(event)
             hit = stop(event)
             if hit:
-                reason = "breakpoint" if breakpoint else "stopped"
                 return RunResult(reason, event, count, hit if isinstance(hit, str) else "")
+
+    def _admit(self) -> ArrivalRecord | None:
+        """Let the feed's waiting requests into the engine; an ArrivalRecord when any came."""
+        with self._lock:
+            arrived = self.feed.admit(self)
+            if not arrived:
+                return None
+            record = ArrivalRecord(self.step_index, tuple(arrived), tuple(self.client_of(r) for r in arrived))
+            self.timeline.append(TimelineEntry(self.step_index, "arrival", record.describe()))
+            return record
 
     def _begin_step(self) -> None:
         # Golden rows need logits for every prompt position, so any golden request still short of the
@@ -405,14 +574,17 @@ class Session:
             (seq := self.engine.request(r).seq) is not None and not seq.is_finished
             and seq.num_computed_tokens < seq.num_prompt_tokens for r in self.golden_prompt_of)
         self._refs_before = tuple(self.engine.block_manager.ref_counts())
+        self._kv_before, self.facts = self.engine.block_manager.usage, None
         self._stages = self.engine.step_stages(all_logits=self._all_logits)
         self._step_start = time.perf_counter()
+        self._step_busy = 0.0
         self.stage_index = 0
         self.golden_rows = []
 
     def _record_stage(self, stage) -> StageRecord:
         if self.stage_index == 0:
             self.timeline.append(TimelineEntry(self.step_index, "schedule", self._describe_schedule()))
+            self.facts = self._schedule_facts()
         values = stage.to_host()
         golden = tuple(self._compare(stage))
         self.golden_rows += golden
@@ -447,6 +619,13 @@ class Session:
         return [GoldenRow.of(self.step_index, prompt_to_request[r.prompt], r) for r in
                 compare_scheduled_rows(self.engine, stage, self.goldens, request_ids, self.options.rtol)]
 
+    def _schedule_facts(self) -> ScheduleFacts:
+        schedule = self.engine.last_schedule
+        hits = tuple((s.seq.data.request_id, s.seq.num_cached_tokens) for s in schedule.scheduled
+                     if s.seq.num_cached_tokens > 0 and s.start == s.seq.num_cached_tokens)
+        return ScheduleFacts(self._kv_before, self.engine.block_manager.usage,
+                             tuple(seq.data.request_id for seq in schedule.preempted), hits)
+
     def _describe_schedule(self) -> str:
         parts = []
         for s in self.engine.last_schedule.scheduled:
@@ -455,7 +634,7 @@ class Session:
         preempted = [seq.data.request_id for seq in self.engine.last_schedule.preempted]
         return ", ".join(parts) + (f"; preempted {preempted}" if preempted else "")
 
-    def _end_step(self, outputs) -> StepRecord:
+    def _end_step(self, outputs, call_start: float) -> StepRecord:
         self._stages = None
         schedule = self.engine.last_schedule
         decode = self.engine.tokenizer.decode
@@ -463,9 +642,12 @@ class Session:
                             schedule.num_batched_tokens if schedule else 0,
                             {o.request_id: list(o.new_token_ids) for o in outputs},
                             tuple(o.request_id for o in outputs if o.finished),
-                            {o.request_id: decode(list(o.new_token_ids)) for o in outputs})
+                            {o.request_id: decode(list(o.new_token_ids)) for o in outputs},
+                            self._step_busy + time.perf_counter() - call_start)
         self.timeline.append(TimelineEntry(self.step_index, "step done", record.describe(), record.seconds))
         self.step_index += 1
+        if self.feed is not None:
+            self.feed.after_step(self, outputs)
         return record
 
     # ---- views -------------------------------------------------------------------------------------
@@ -473,8 +655,11 @@ class Session:
         with self._lock:
             return SessionView(self.step_index, self.in_step, self.current,
                                self.stage_index if self.in_step else 0, len(stage_names(self.num_layers)),
-                               tuple(self._request_view(r) for r in self.request_ids), self._block_view(),
-                               self._golden_view(), tuple(self.timeline), self.idle)
+                               tuple(self._request_view(r) for r in self.request_ids)
+                               + (self.feed.pending_views() if self.feed is not None else ()),
+                               self._block_view(), self._golden_view(), tuple(self.timeline), self.idle,
+                               tuple(b.describe() for b in self.breakpoints),
+                               self.feed.status() if self.feed is not None else "")
 
     def _request_view(self, request_id: str) -> RequestView:
         request = self.engine.request(request_id)
@@ -496,7 +681,8 @@ class Session:
             seq.num_computed_tokens if seq else 0, output,
             request.text if request.text is not None else self.engine.tokenizer.decode(list(output)),
             request.finish_reason, request.error,
-            ttft, float(np.mean(itls)) if itls else None, p, greedy)
+            ttft, float(np.mean(itls)) if itls else None, p, greedy, self.client_of(request_id),
+            describe_params(request.params), self.feed.stream_state(request_id) if self.feed is not None else "")
 
     def _engine_latencies(self, m) -> tuple[float | None, list[float]]:
         """TTFT and ITLs in engine time (the debugger's pauses left out), from the engine's wall timestamps."""

@@ -215,5 +215,6 @@ def test_status_lines_read_as_text():
         assert shown(app, "#status") == f"stopped after 24 events: step 0 done: req 0: {token} {word!r}"
         await pilot.press("b", *"bogus", "enter")        # markup would eat [id] and [threshold]
         await pilot.pause()
-        assert shown(app, "#status").endswith("'finished [id]', 'golden [threshold]'")
+        assert shown(app, "#status").endswith("finished [ID glob | from CLIENT] | golden [THRESHOLD] | "
+                                              "arrival [CLIENT] | kv FRACTION|PCT% | preemption | prefix-hit | slow MS")
     drive(app, scenario)

@@ -171,6 +171,8 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("debug", help="step through the engine stage by stage in a terminal app (Textual)")
     _engine_args(d)
     trace.add_session_arguments(d)
+    from .serving import debug_cli
+    debug_cli.add_debug_arguments(d)
     d.set_defaults(run=_debug, block_size=4, num_blocks=64, precision="fp32")  # small blocks: a readable pool grid
     t = sub.add_parser("trace", help="run up to one stage and print its stats, golden diff and values")
     _engine_args(t)
@@ -374,6 +376,9 @@ def debug_app(args):
 
 
 def _debug(args) -> int:
+    if args.replay:
+        from .serving.debug_cli import run_debug_replay
+        return run_debug_replay(args)
     app = debug_app(args)
     app.run()
     if app.failure is not None:  # the app exited on an unhandled exception: main() gives it one line

@@ -12,11 +12,15 @@ tinyvllm step-through debugger
   s   step one stage of the forward pass (after the logits: finish the step: sample, stop rules)
   l   step to the end of the current layer (outside the layers: to the logits)
   d   step one decode step: the rest of the current scheduler step, or a whole one
-  c   continue until every request has finished
-  b   run until a breakpoint:  layer N · stage NAME (globs: layers.*.mlp) · finished [ID] · golden [THRESHOLD]
+  c   continue until every request has finished or a standing breakpoint hits (serve --debug: serve until one)
+  b   run until a breakpoint:  layer N · stage NAME (globs: layers.*.mlp) · finished [ID glob | from CLIENT]
+      · golden [THRESHOLD] · arrival [CLIENT] · kv 80% · preemption · prefix-hit · slow MS
+  B   standing breakpoints (the same specs; clear, del N): c stops at any of them
   a   add a request: text, token ids as [1, 2, 3], or golden N (a golden file prompt)
   r   reset: a fresh engine and KV pool with the initial prompts queued
   x   cancel a running c / b / d / l
+  w   start / stop recording the served session (JSONL, as serve --record; tinyvllm debug --replay FILE)
+  v   the replay report (tinyvllm debug --replay FILE): each request's tokens against the recorded answer
   [ ] previous / next token row in the tensor inspector
   ?   this help        q   quit
 
@@ -31,3 +35,17 @@ class HelpScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box"):
             yield Static(HELP, id="help-text", markup=False)
+
+
+class TextScreen(ModalScreen):
+    """A long text (the replay report) over the panels; escape closes it."""
+    BINDINGS = [("escape", "app.pop_screen", "close")]
+
+    def __init__(self, title: str, text: str):
+        super().__init__()
+        self.title_text, self.text = title, text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-box") as box:
+            box.border_title = self.title_text
+            yield Static(self.text, id="report-text", markup=False)

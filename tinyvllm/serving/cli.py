@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
     s.add_argument("--record", metavar="FILE",
                    help="write every request as it arrives and every answer to FILE (JSONL), for "
                         "`tinyvllm bench --replay FILE`")
+    s.add_argument("--debug", action="store_true",
+                   help="step the server in the debugger: HTTP in the background, the engine paused until you "
+                        "step it (s / l / d) or let it serve (c); w records the session")
     j = p.add_argument_group("JSONL")
     j.add_argument("--jsonl", action="store_true", help="read requests from stdin, write results to stdout")
     j.add_argument("--stream", action="store_true", help="with --jsonl: also a line per token delta")
@@ -65,6 +68,9 @@ def run(args) -> int:
         raise TinyVLLMError("--max-waiting and --shutdown-timeout must be >= 0")
     if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
         raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
+    if args.debug:
+        from .debug_mode import run_serve_debug
+        return run_serve_debug(args)
     from ..cli import _engine
     from .engine_loop import EngineLoop
     if args.jsonl:

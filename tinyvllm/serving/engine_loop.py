@@ -104,6 +104,8 @@ class _Inbox:
 
 
 class EngineLoop:
+    release_finished = True   # forget finished requests (a debugger stepping the engine keeps them to show)
+
     def __init__(self, engine: LLMEngine, max_waiting: int | None = None, observers=(), log=log_to_stderr,
                  recorder=None):
         """`max_waiting`: submit() raises QueueFull while this many requests wait (None: no limit).
@@ -223,10 +225,22 @@ class EngineLoop:
             past_deadline = self._stopping and time.monotonic() >= self._deadline
             if past_deadline:
                 inbox.commands += [_Abort(r) for r in self._live]
-        for command in inbox.commands:
+        self._apply(inbox.commands, engine.add_request)
+        if inbox.num_adds:
+            with self._cond:  # the requests moved from the inbox to the scheduler's queue
+                self.state = self._engine_state()
+        if not engine.has_unfinished_requests():
+            return not self._stopping
+        outputs = engine.step()
+        self._dispatch(outputs)
+        return True
+
+    def _apply(self, commands: list, add) -> None:
+        """Apply inbox commands to the engine; `add(prompt, params, request_id=...)` queues a request."""
+        for command in commands:
             if isinstance(command, _Add):
                 try:
-                    engine.add_request(command.prompt, command.params, request_id=command.request_id)
+                    add(command.prompt, command.params, request_id=command.request_id)
                 except TinyVLLMError as e:  # the engine refused it outright: it never ran
                     with self._cond:
                         self._live.discard(command.request_id)
@@ -239,15 +253,7 @@ class EngineLoop:
             else:
                 if command.request_id in self._sinks:  # still in the engine: not finished, not refused
                     self._record("abort", command.request_id)
-                engine.abort_request(command.request_id)
-        if inbox.num_adds:
-            with self._cond:  # the requests moved from the inbox to the scheduler's queue
-                self.state = self._engine_state()
-        if not engine.has_unfinished_requests():
-            return not self._stopping
-        outputs = engine.step()
-        self._dispatch(outputs)
-        return True
+                self.engine.abort_request(command.request_id)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         by_sink: dict[int, tuple[Sink, list[Update]]] = {}
@@ -262,7 +268,8 @@ class EngineLoop:
                 self._record("finished", update)
                 finished.append(out.request_id)
                 self._sinks.pop(out.request_id, None)
-                self.engine.release_request(out.request_id)
+                if self.release_finished:
+                    self.engine.release_request(out.request_id)
         schedule = self.engine.last_schedule
         with self._cond:
             self._live.difference_update(finished)

@@ -47,6 +47,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._t0 = time.perf_counter()
         self._decode = engine.tokenizer.decode
+        self._ids: set[str] = set()   # requests this recording saw arrive (one started mid-session skips the others)
         self._write({"type": "header", "format": FORMAT, "version": VERSION,
                      "model": None if model is None else str(model), "model_dir": str(engine.model.model_dir),
                      "engine_config": dataclasses.asdict(engine.config), "max_model_len": engine.max_model_len,
@@ -64,6 +65,7 @@ class Recorder:
     def request(self, engine, request_id: str) -> None:
         """A request the engine has just queued (before its next step)."""
         r = engine.request(request_id)
+        self._ids.add(request_id)
         params = dataclasses.asdict(r.params) | {"seed": r.seed}
         self._write({"type": "request", "id": request_id, "t": self._t(), "step": engine.num_steps,
                      "endpoint": endpoint_of(request_id), "prompt_token_ids": list(r.prompt_token_ids),
@@ -71,15 +73,20 @@ class Recorder:
                      "params": params, "seed_from": "engine" if r.params.seed is None else "client"})
 
     def abort(self, engine, request_id: str) -> None:
+        if request_id not in self._ids:
+            return
         self._write({"type": "abort", "id": request_id, "t": self._t(), "step": engine.num_steps})
 
     def finished(self, engine, update) -> None:
         """`update`: the engine loop's last Update of a request."""
+        if update.request_id not in self._ids:
+            return
         self._write({"type": "finished", "id": update.request_id, "t": self._t(), "step": engine.num_steps,
                      "token_ids": list(update.token_ids or []), "text": update.text or "",
                      "finish_reason": update.finish_reason, "error": update.error})
 
     def refused(self, engine, request_id: str, error: str) -> None:
+        self._ids.add(request_id)
         self._write({"type": "refused", "id": request_id, "t": self._t(), "step": engine.num_steps, "error": error})
 
     def close(self) -> None:

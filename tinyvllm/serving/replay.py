@@ -95,46 +95,76 @@ def sampling_params(request: RecordedRequest, path: str) -> SamplingParams:
         raise BadRecording(f"{path}:{request.line}: request {request.request_id!r}: {e}") from e
 
 
+class ReplayQueue:
+    """The recorded requests, let into an engine at their recorded steps: `admit()` before every step,
+    `on_outputs()` after it, `report()` once it is all done (replay() below; the debugger steps the same)."""
+
+    def __init__(self, recording: Recording):
+        self.recording = recording
+        self.params = {r.request_id: sampling_params(r, recording.path) for r in recording.requests}  # all checked first
+        self.arrivals = sorted(recording.requests, key=lambda r: (r.step, r.line))
+        self.aborts = sorted((r.abort_step, r.line, r.request_id) for r in recording.requests
+                             if r.abort_step is not None)
+        self.finished: dict[str, tuple] = {}
+        self.arrived: dict[str, int] = {}
+        self.offset = self.shifted = 0     # recorded step = engine.num_steps + offset
+
+    @property
+    def has_arrivals(self) -> bool:
+        return bool(self.arrivals)
+
+    def admit(self, engine: LLMEngine, add=None) -> list[str]:
+        """Queue the requests due before the engine's next step (`add(prompt, params, request_id=...)`,
+        default engine.add_request) and apply the aborts due; returns the ids queued. An idle engine jumps
+        to the next arrival's step."""
+        add = add or engine.add_request
+        if self.arrivals and not engine.has_unfinished_requests() and self.arrivals[0].step > engine.num_steps + self.offset:
+            self.offset = self.arrivals[0].step - engine.num_steps   # idle before the next arrival: jump to it
+            self.shifted += 1
+        queued = []
+        while self.arrivals and self.arrivals[0].step <= engine.num_steps + self.offset:
+            r = self.arrivals.pop(0)
+            self.arrived[r.request_id] = engine.num_steps + self.offset
+            add(list(r.prompt_token_ids), self.params[r.request_id], request_id=r.request_id)
+            queued.append(r.request_id)
+        while self.aborts and self.aborts[0][0] <= engine.num_steps + self.offset:
+            engine.abort_request(self.aborts.pop(0)[2])
+        return queued
+
+    def on_outputs(self, engine: LLMEngine, outputs) -> None:
+        for out in outputs:
+            if out.finished and out.request_id in self.params:
+                self.finished[out.request_id] = (list(out.token_ids), out.finish_reason, out.error,
+                                                 engine.num_steps + self.offset)
+
+    def report(self, engine: LLMEngine, seconds: float, num_steps: int) -> ReplayReport:
+        """Each recorded request's tokens against the recorded answer (so far: unfinished ones say so)."""
+        results = []
+        for r in self.recording.requests:
+            tokens, reason, error, finish_step = self.finished.get(r.request_id, ([], None, "never finished", None))
+            results.append(RequestResult(r.request_id, r.token_ids, tokens, r.finish_reason, reason, error,
+                                         (r.step, r.finish_step), (self.arrived.get(r.request_id, r.step), finish_step)))
+        recorded_config = self.recording.engine_config
+        differences = {k: (recorded_config.get(k), v) for k, v in dataclasses.asdict(engine.config).items()
+                       if k in recorded_config and recorded_config[k] != v}
+        return ReplayReport(results, seconds, num_steps, differences, self.shifted)
+
+
 def replay(recording: Recording, engine: LLMEngine, on_step=None) -> ReplayReport:
     """Queue the recorded requests into `engine` (fresh: no requests of its own) at their recorded steps,
     step it until all finish, and compare tokens. `on_step(engine, outputs)` is called after every step."""
-    params = {r.request_id: sampling_params(r, recording.path) for r in recording.requests}  # all checked first
-    arrivals = sorted(recording.requests, key=lambda r: (r.step, r.line))
-    aborts = sorted((r.abort_step, r.line, r.request_id) for r in recording.requests if r.abort_step is not None)
-    finished: dict[str, tuple] = {}
-    arrived: dict[str, int] = {}
-    offset = shifted = 0     # recorded step = engine.num_steps + offset
+    queue = ReplayQueue(recording)
     first_step = engine.num_steps
     start = time.perf_counter()
-    while arrivals or engine.has_unfinished_requests():
-        if arrivals and not engine.has_unfinished_requests() and arrivals[0].step > engine.num_steps + offset:
-            offset = arrivals[0].step - engine.num_steps   # idle before the next arrival: jump to it
-            shifted += 1
-        while arrivals and arrivals[0].step <= engine.num_steps + offset:
-            r = arrivals.pop(0)
-            arrived[r.request_id] = engine.num_steps + offset
-            engine.add_request(list(r.prompt_token_ids), params[r.request_id], request_id=r.request_id)
-        while aborts and aborts[0][0] <= engine.num_steps + offset:
-            engine.abort_request(aborts.pop(0)[2])
+    while queue.has_arrivals or engine.has_unfinished_requests():
+        queue.admit(engine)
         if not engine.has_unfinished_requests():
             continue
         outputs = engine.step()
-        for out in outputs:
-            if out.finished:
-                finished[out.request_id] = (list(out.token_ids), out.finish_reason, out.error,
-                                            engine.num_steps + offset)
+        queue.on_outputs(engine, outputs)
         if on_step is not None:
             on_step(engine, outputs)
-    seconds = time.perf_counter() - start
-    results = []
-    for r in recording.requests:
-        tokens, reason, error, finish_step = finished.get(r.request_id, ([], None, "never finished", None))
-        results.append(RequestResult(r.request_id, r.token_ids, tokens, r.finish_reason, reason, error,
-                                     (r.step, r.finish_step), (arrived[r.request_id], finish_step)))
-    recorded_config = recording.engine_config
-    differences = {k: (recorded_config.get(k), v) for k, v in dataclasses.asdict(engine.config).items()
-                   if k in recorded_config and recorded_config[k] != v}
-    return ReplayReport(results, seconds, engine.num_steps - first_step, differences, shifted)
+    return queue.report(engine, time.perf_counter() - start, engine.num_steps - first_step)
 
 
 def format_report(report: ReplayReport) -> str:

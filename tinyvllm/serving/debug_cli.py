@@ -1,0 +1,15 @@
+"""The debugger's serving options (light: parsing the command line imports no engine): `tinyvllm debug
+--replay FILE`; `tinyvllm serve --debug` is in serving/cli.py. The logic is in debug_mode.py."""
+from __future__ import annotations
+
+
+def add_debug_arguments(p) -> None:
+    p.add_argument("--replay", metavar="FILE",
+                   help="step a recorded serving session (tinyvllm serve --record FILE): its requests enter at "
+                        "their recorded steps, on the recorded model and engine configuration; at the end, each "
+                        "request's tokens against the recorded answer (exit 1 when one diverged)")
+
+
+def run_debug_replay(args) -> int:
+    from .debug_mode import run_debug_replay as run
+    return run(args)
