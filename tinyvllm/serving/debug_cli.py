@@ -17,5 +17,8 @@ def add_debug_arguments(p) -> None:
 
 
 def run_debug_replay(args) -> int:
+    if getattr(args, "compare_precision", False):
+        from ..errors import TinyVLLMError
+        raise TinyVLLMError("--compare-precision steps the debugger's own requests; it does not combine with --replay")
     from .debug_mode import run_debug_replay as run
     return run(args)
