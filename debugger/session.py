@@ -10,9 +10,12 @@ generator's return is the step's outputs (tokens sampled, stop rules applied). E
 compared with the golden file for every request whose prompt ids are a golden prompt's, over the prompt
 positions this step computed (goldens hold prompt positions only, so decode steps have none: absent, not
 a pass). `view()` gives the UI an immutable snapshot, built on the thread that drives the engine.
+With SessionOptions.compare_precision a PrecisionShadow (precision_shadow.py) steps an engine of the other
+precision in lockstep and each StageRecord carries its difference; the stepped engine never sees it.
 
 Latencies shown (TTFT, ITL) are in engine time: only the time spent inside the session's stepping counts,
-not the time the debugger sat paused between commands (the engine's own metrics count wall time).
+not the time the debugger sat paused between commands (the engine's own metrics count wall time); with a
+precision shadow, its stages' time too.
 """
 from __future__ import annotations
 
