@@ -10,9 +10,12 @@ generator's return is the step's outputs (tokens sampled, stop rules applied). E
 compared with the golden file for every request whose prompt ids are a golden prompt's, over the prompt
 positions this step computed (goldens hold prompt positions only, so decode steps have none: absent, not
 a pass). `view()` gives the UI an immutable snapshot, built on the thread that drives the engine.
+With SessionOptions.compare_precision a PrecisionShadow (precision_shadow.py) steps an engine of the other
+precision in lockstep and each StageRecord carries its difference; the stepped engine never sees it.
 
 Latencies shown (TTFT, ITL) are in engine time: only the time spent inside the session's stepping counts,
-not the time the debugger sat paused between commands (the engine's own metrics count wall time).
+not the time the debugger sat paused between commands (the engine's own metrics count wall time); with a
+precision shadow, its stages' time too.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ import numpy as np
 from tinyvllm.engine import LLMEngine
 from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, StageResult, compare_scheduled_rows
 from tinyvllm.sampling_params import SamplingParams
+
+from .precision_shadow import PrecisionDiff, PrecisionShadow
 
 LAYER_STAGES = ("input_norm", "q", "k", "v", "attn", "o_proj", "attn_residual", "post_norm", "mlp", "output")
 
@@ -111,6 +116,7 @@ class StageRecord:
     stats: TensorStats
     golden: tuple[GoldenRow, ...]
     row_labels: tuple[str, ...] = ()   # per row of as_rows(values): "0:26" (request 0, position 26)
+    precision: PrecisionDiff | None = None   # against the other precision's engine (--compare-precision)
 
 
 @dataclass(frozen=True)
@@ -339,6 +345,8 @@ class GoldenView:
     rows: tuple[GoldenRow, ...]   # the current (or last) step's comparisons
     first_failure: GoldenRow | None
     absent_reason: str            # why this step has nothing to compare ("" when it has)
+    precision: PrecisionDiff | None = None   # the current stage against the other precision (--compare-precision)
+    precision_note: str = ""      # with --compare-precision: why there is no comparison (e.g. they diverged)
 
 
 @dataclass(frozen=True)
@@ -362,6 +370,7 @@ class SessionOptions:
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_tokens=8,
                                                                           ignore_eos=True))
     rtol: float = DEFAULT_RTOL
+    compare_precision: bool = False   # step a shadow engine of the other precision in lockstep (PrecisionShadow)
 
 
 class Session:
@@ -391,6 +400,7 @@ class Session:
 
     def _start(self, engine: LLMEngine) -> None:
         self.engine = engine
+        self.shadow = PrecisionShadow(engine) if self.options.compare_precision else None
         self.num_layers = engine.model.config.num_hidden_layers
         self.step_index = 0
         self.stage_index = 0
@@ -417,6 +427,8 @@ class Session:
         """Queue a prompt; it joins at the next scheduler step. Returns its request id."""
         with self._lock:
             request_id = self.engine.add_request(prompt, params or self.options.params, request_id=request_id)
+            if self.shadow is not None:
+                self.shadow.add_request(prompt, params or self.options.params, request_id)
             self.request_ids.append(request_id)
             ids = self.engine.request(request_id).prompt_token_ids
             for p, golden in enumerate(self.goldens.prompts if self.goldens else []):
@@ -576,6 +588,8 @@ class Session:
         self._refs_before = tuple(self.engine.block_manager.ref_counts())
         self._kv_before, self.facts = self.engine.block_manager.usage, None
         self._stages = self.engine.step_stages(all_logits=self._all_logits)
+        if self.shadow is not None:
+            self.shadow.begin_step(self._all_logits)
         self._step_start = time.perf_counter()
         self._step_busy = 0.0
         self.stage_index = 0
@@ -588,11 +602,13 @@ class Session:
         values = stage.to_host()
         golden = tuple(self._compare(stage))
         self.golden_rows += golden
+        precision = (self.shadow.compare(self.engine, self.step_index, stage.name, values)
+                     if self.shadow is not None else None)
         if self.first_failure is None:
             self.first_failure = next((g for g in golden if g.status == "fail"), None)
         self.current = StageRecord(self.step_index, self.stage_index, stage.name, stage.kernel, stage.layer,
                                    stage.seconds, values, TensorStats.of(values), golden,
-                                   self._row_labels(as_rows(values).shape[0]))
+                                   self._row_labels(as_rows(values).shape[0]), precision)
         self.timeline.append(TimelineEntry(self.step_index, stage.name, stage.kernel, stage.seconds))
         self.stage_index += 1
         return self.current
@@ -636,6 +652,8 @@ class Session:
 
     def _end_step(self, outputs, call_start: float) -> StepRecord:
         self._stages = None
+        if self.shadow is not None:
+            self.shadow.end_step(self.step_index, outputs)
         schedule = self.engine.last_schedule
         decode = self.engine.tokenizer.decode
         record = StepRecord(self.step_index, time.perf_counter() - self._step_start,
@@ -715,5 +733,9 @@ class Session:
                       if self.step_index or self.in_step else "no stage has run yet")
         else:
             reason = ""
+        precision, note = None, ""
+        if self.shadow is not None:
+            precision = self.current.precision if self.current is not None and not self.shadow.stopped else None
+            note = self.shadow.stopped or ("" if precision else f"{self.shadow.label}: no stage has run yet")
         return GoldenView(self.goldens.path.name if self.goldens else None, self.options.rtol,
-                          tuple(self.golden_rows), self.first_failure, reason)
+                          tuple(self.golden_rows), self.first_failure, reason, precision, note)

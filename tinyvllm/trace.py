@@ -47,7 +47,8 @@ def session_from_args(args, engine):
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     except ValueError as e:
         raise TinyVLLMError(f"invalid --max-tokens: {e}") from e
-    return Session(engine, goldens, prompts or None, SessionOptions(params=params))
+    return Session(engine, goldens, prompts or None,
+                   SessionOptions(params=params, compare_precision=getattr(args, "compare_precision", False)))
 
 
 def list_stages(num_layers: int) -> str:

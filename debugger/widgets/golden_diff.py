@@ -1,5 +1,7 @@
 """Golden diff: this step's stages against the golden file, per golden prompt; the first failure stands out.
 
+With `--compare-precision` a line under the summary gives the current stage against the other precision's
+engine (max abs, max rel = max|main - other| / max|main|), or why there is none (e.g. the precisions diverged).
 Absent goldens (no golden file, no golden prompt in the batch, decode steps past the golden prompt)
 are shown as absent, never as a pass. Below WIDE_COLUMNS columns the table drops "max abs" (the verdict
 is on "max rel") and the notes, so the verdict stays in view at 100 wide.
@@ -58,6 +60,10 @@ class GoldenDiffPanel(Vertical):
                                f"rel {_number(first.max_rel)})", style=FIRST_FAILURE_STYLE)
             if golden.absent_reason:
                 summary.append(f"\nthis step: absent: {golden.absent_reason}", style="yellow")
+        if golden.precision is not None:
+            summary.append(("\n" if summary else "") + golden.precision.describe(), style="cyan")
+        elif golden.precision_note:
+            summary.append(("\n" if summary else "") + golden.precision_note, style="yellow")
         self.query_one("#golden-summary", Static).update(summary)
         table = self.query_one("#golden-table", DataTable)
         if compact != self.compact:

@@ -26,7 +26,10 @@ tinyvllm step-through debugger
 
 Each stage runs the kernels named in the timeline; the tensor panel shows its output as [tokens, features].
 Golden diffs compare the stage's rows for requests whose prompt is a golden prompt (prompt positions
-only: decode steps have no goldens and say so). Press escape to close."""
+only: decode steps have no goldens and say so). `tinyvllm debug --compare-precision` also steps an engine of
+the other precision (fp32 <-> fast) on the same requests in lockstep: the golden diff panel shows the stage's
+max abs and max rel |main - other| ("fp32 vs fast"), the tensor panel each row's max abs, until the two
+sample different tokens ("precisions diverged at step N"). Press escape to close."""
 
 
 class HelpScreen(ModalScreen):

@@ -2,7 +2,8 @@
 
 The output is viewed as [tokens, features] (q/k/v's heads flattened); `[` and `]` pick the row. Each row
 is labelled request:position (a mixed batch holds several requests' tokens, and the logits of a step
-without golden prompts only the rows that sample).
+without golden prompts only the rows that sample). With --compare-precision the row line adds the row's
+max |main - other precision|.
 """
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ class TensorInspector(Vertical):
             request, position = labels[row].split(":")
             owner = f" · req {request} pos {position}"
         extent = f" · min {finite.min():.4g} max {finite.max():.4g}" if self.size.width >= NARROW else ""
+        precision = self.record.precision
+        if precision is not None and row < len(precision.row_max_abs):  # --compare-precision: this row's max |Δ|
+            extent += f" · {precision.label} max abs {precision.row_max_abs[row]:.3e}"
         self.query_one("#inspector-row-label", Static).update(Text(f"row {row} of {values.shape[0]}{owner}{extent}:"))
         self.query_one("#inspector-sparkline", Sparkline).data = finite.tolist()
 

@@ -10,6 +10,15 @@ def add_debug_arguments(p) -> None:
                         "request's tokens against the recorded answer (exit 1 when one diverged)")
 
 
+    p.add_argument("--compare-precision", action="store_true",
+                   help="also step an engine of the other precision (fp32 <-> fast) on the same requests, in "
+                        "lockstep: the golden diff panel shows each stage's max |main - other| and max rel, until "
+                        "the two sample different tokens")
+
+
 def run_debug_replay(args) -> int:
+    if getattr(args, "compare_precision", False):
+        from ..errors import TinyVLLMError
+        raise TinyVLLMError("--compare-precision steps the debugger's own requests; it does not combine with --replay")
     from .debug_mode import run_debug_replay as run
     return run(args)
