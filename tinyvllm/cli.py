@@ -8,7 +8,7 @@ import sys
 import traceback
 
 from .errors import TinyVLLMError
-from .config import KV_CACHE_DTYPE_CHOICES, PRECISIONS
+from .config import add_precision_arguments
 from .prompts_file import FORMATS, PromptSpec, read_prompt_specs
 
 # The sampling flags' defaults: greedy. --use-generation-config lets the model's settings fill the flags
@@ -198,12 +198,7 @@ def _engine_args(p):
     e.add_argument("--no-chunked-prefill", action="store_true",
                    help="prefill each prompt in one step (default: chunks within the token budget)")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prefixes")
-    e.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default="auto",
-                   help="KV cache elements: float32 (the reference) or bfloat16 (half the memory and bytes read); "
-                        "auto (default): bfloat16 with the fast precision, else float32")
-    e.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="fp32: float32 activations (the reference); fast: bf16 activations into tensor cores, "
-                        "float32 accumulation; auto: fast on a GPU with bf16 weights, else fp32")
+    add_precision_arguments(e)
 
 
 def _engine(args):

@@ -21,10 +21,11 @@ import numpy as np
 from kernels_numba.common import SIMULATOR, cdiv, cuda
 from kernels_numba.kv_dtype import KV_DTYPES, kv_storage_dtype
 
-from .config import ModelConfig
+from .config import KV_CACHE_DTYPE_CHOICES, ModelConfig
 
 SIMULATOR_DEFAULT_BLOCKS = 256
 KV_CACHE_DTYPES = tuple(KV_DTYPES)  # "float32", "bfloat16"
+assert KV_CACHE_DTYPE_CHOICES == ("auto",) + KV_CACHE_DTYPES, "config.KV_CACHE_DTYPE_CHOICES names the pool dtypes"
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, precision: str) -> str:

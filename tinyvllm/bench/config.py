@@ -6,7 +6,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
-from ..config import KV_CACHE_DTYPE_CHOICES, PRECISIONS
+from ..config import PRECISIONS, add_precision_arguments
 from ..errors import TinyVLLMError
 
 WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
@@ -178,12 +178,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--max-model-len", type=int, metavar="N", help="default: what the workloads need")
     e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse KV blocks of shared prefixes")
-    e.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default=d.kv_cache_dtype,
-                   help="KV cache elements (default: %(default)s: bfloat16 with the fast precision, else float32; "
-                        "bfloat16: half the memory and bytes read)")
-    e.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                   help="fp32: float32 activations; fast: bf16 activations into tensor cores; auto: fast on a GPU "
-                        "with bf16 weights (default: %(default)s)")
+    add_precision_arguments(e)  # defaults auto, as BenchConfig's
     h = p.add_argument_group("a running server (--base-url): the serving / throughput workloads over HTTP")
     h.add_argument("--base-url", metavar="URL",
                    help="an OpenAI-compatible server (tinyvllm serve, vLLM): send the workloads there as streamed "
