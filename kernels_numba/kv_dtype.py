@@ -10,9 +10,8 @@ dtype, the element's), so a compiled kernel holds one of the two: no branch at r
 the numpy twins) they are plain Python that looks at the type.
 """
 import numpy as np
-import ml_dtypes
 
-from .bf16 import f32_to_bf16
+from .bf16 import bf16_to_f32_ref, f32_to_bf16, f32_to_bf16_ref
 from .common import SIMULATOR, host_version
 from .weight_dtype import weight_to_f32
 
@@ -55,9 +54,9 @@ def check_kv_pool_dtype(*pools) -> None:
 def kv_encode_ref(x: np.ndarray, dtype) -> np.ndarray:
     """numpy twin of kv_from_f32 on whole arrays: x as a pool of `dtype` stores it."""
     x = np.asarray(x, np.float32)
-    return x.astype(ml_dtypes.bfloat16).view(np.uint16) if np.dtype(dtype) == np.uint16 else x.copy()
+    return f32_to_bf16_ref(x) if np.dtype(dtype) == np.uint16 else x.copy()
 
 
 def kv_decode_ref(pool: np.ndarray) -> np.ndarray:
     """numpy twin of kv_to_f32 on a whole pool: its values as float32."""
-    return pool.view(ml_dtypes.bfloat16).astype(np.float32) if pool.dtype == np.uint16 else pool.astype(np.float32)
+    return bf16_to_f32_ref(pool) if pool.dtype == np.uint16 else pool.astype(np.float32)
