@@ -15,6 +15,8 @@ import numpy as np
 from tinyvllm.engine import LLMEngine
 from tinyvllm.errors import TinyVLLMError
 
+from .rows import as_rows
+
 
 def other_precision(precision: str) -> str:
     return "fast" if precision == "fp32" else "fp32"
@@ -34,10 +36,9 @@ class PrecisionDiff:
     def of(cls, label: str, stage: str, main: np.ndarray, other: np.ndarray) -> PrecisionDiff:
         main64, other64 = np.asarray(main, np.float64), np.asarray(other, np.float64)
         delta = np.abs(main64 - other64)
-        delta_rows = delta.reshape(1, -1) if delta.ndim < 2 else delta.reshape(delta.shape[0], -1)
         max_abs, scale = float(delta.max(initial=0.0)), float(np.abs(main64).max(initial=0.0))
         max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-        return cls(label, stage, max_abs, max_rel, tuple(float(r) for r in delta_rows.max(axis=1, initial=0.0)))
+        return cls(label, stage, max_abs, max_rel, tuple(float(r) for r in as_rows(delta).max(axis=1, initial=0.0)))
 
     def describe(self) -> str:
         return f"{self.label} at {self.stage}: max abs {self.max_abs:.3e} · max rel {self.max_rel:.3e}"

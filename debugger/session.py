@@ -34,6 +34,7 @@ from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, StageResult, compare_sc
 from tinyvllm.sampling_params import SamplingParams
 
 from .precision_shadow import PrecisionDiff, PrecisionShadow
+from .rows import as_rows
 
 LAYER_STAGES = ("input_norm", "q", "k", "v", "attn", "o_proj", "attn_residual", "post_norm", "mlp", "output")
 
@@ -77,12 +78,6 @@ class TensorStats:
             return line
         return (f"{self.shape} {self.dtype} min {number(self.min, 4)} max {number(self.max, 4)} "
                 f"mean {number(self.mean, 4)} std {number(self.std, 4)} NaN {self.nan} Inf {self.inf}")
-
-
-def as_rows(array: np.ndarray) -> np.ndarray:
-    """A stage output as a 2-D [tokens, features] view ([T, heads, hd] -> [T, heads * hd])."""
-    array = np.asarray(array)
-    return array.reshape(1, -1) if array.ndim < 2 else array.reshape(array.shape[0], -1)
 
 
 # ---- events ---------------------------------------------------------------------------------------
