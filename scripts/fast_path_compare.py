@@ -106,6 +106,29 @@ def rel(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(a - ref).max() / scale) if scale > 0 else float(np.abs(a - ref).max())
 
 
+def rms_rel(a: np.ndarray, ref: np.ndarray) -> float:
+    """The error's root mean square over the reference's (every element weighs the same, unlike rel's max)."""
+    a, ref = a.reshape(ref.shape).astype(np.float64), ref.astype(np.float64)
+    return float(np.sqrt(np.mean((a - ref) ** 2) / max(np.mean(ref ** 2), 1e-300)))
+
+
+def where_it_differs(ours: np.ndarray, bf16: np.ndarray, fp32: np.ndarray) -> str:
+    """Where a failing stage's largest errors sit: the element of the largest |fast - fp32| and of the largest
+    |bf16 - fp32| (token, channel, the reference's value there), where |fp32| peaks, and each side's error by RMS."""
+    fp32 = fp32.astype(np.float64)
+    rows = fp32.reshape(fp32.shape[0], -1)
+
+    def at(a):
+        err = np.abs(a.reshape(rows.shape).astype(np.float64) - rows)
+        t, c = np.unravel_index(int(err.argmax()), err.shape)
+        return f"token {t} channel {c} (|err| {err[t, c]:.3g}, fp32 value {rows[t, c]:.4g})"
+
+    t, c = np.unravel_index(int(np.abs(rows).argmax()), rows.shape)
+    return (f"fast's largest error at {at(ours)}; HF bf16's at {at(bf16)}; |fp32| peaks at token {t} channel {c} "
+            f"({rows[t, c]:.4g}, the next largest token's peak {np.sort(np.abs(rows).max(axis=1))[-2]:.4g}); RMS-relative "
+            f"errors: fast vs fp32 {rms_rel(ours, fp32):.2e}, HF bf16 vs fp32 {rms_rel(bf16, fp32):.2e}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True, help="random-1b, an HF Llama directory, or a .gguf (converted)")
@@ -174,7 +197,7 @@ def main() -> int:
                                                          | {f"logits: {kernels['logits']}"})), "",
              "| prompt | stage | spread HF bf16 vs fp32 | fast vs HF bf16 | fast vs HF fp32 | pass |",
              "|---|---|---|---|---|---|"]
-    summary, all_ok = [], True
+    summary, all_ok, diagnoses = [], True, []
     for p, prompt in enumerate(prompts):
         worst = None
         for stage in hf_fp32[p]:
@@ -183,7 +206,12 @@ def main() -> int:
             ok = fast_f <= 2 * spread + 1e-6 and fast_b <= 3 * spread + 1e-6
             all_ok &= ok
             summary.append({"prompt": p, "stage": stage, "spread": spread, "fast_vs_hf_bf16": fast_b,
-                            "fast_vs_hf_fp32": fast_f, "passed": ok})
+                            "fast_vs_hf_fp32": fast_f, "passed": ok,
+                            "rms_spread": rms_rel(hf_bf16[p][stage], hf_fp32[p][stage]),
+                            "rms_fast_vs_hf_fp32": rms_rel(ours[p][stage], hf_fp32[p][stage])})
+            if not ok:
+                diagnoses.append(f"- prompt {p}, {stage}: " + where_it_differs(ours[p][stage], hf_bf16[p][stage],
+                                                                             hf_fp32[p][stage]))
             show = not ok or stage in ("layers.0.q", "layers.0.attn", "layers.0.mlp", "final_norm", "logits")
             if show:
                 lines.append(f"| {p} | {stage} | {spread:.2e} | {fast_b:.2e} | {fast_f:.2e} | {'PASS' if ok else 'FAIL'} |")
@@ -206,6 +234,12 @@ def main() -> int:
                        "fast": fast_greedy[p], "hf_bf16": tokens, "margins": margins, "passed": ok})
         lines.append(f"| {p} | {spread_abs:.3g} | {undecided} | {undecided_1x} | {agree}/{len(tokens)} | {undecided} | "
                      f"{hf_agree}/{len(tokens)} | {'PASS' if ok else 'FAIL'} |")
+    if diagnoses:
+        lines += ["", "Failing stages, where the errors sit:"] + diagnoses
+    worst_rms = max(summary, key=lambda r: r["rms_fast_vs_hf_fp32"] / max(r["rms_spread"], 1e-12))
+    lines += ["", f"By RMS instead of max (not the pass criterion): worst fast vs HF fp32 / HF bf16 vs fp32 = "
+              f"{worst_rms['rms_fast_vs_hf_fp32'] / max(worst_rms['rms_spread'], 1e-12):.2f} at prompt "
+              f"{worst_rms['prompt']} {worst_rms['stage']}."]
     lines += ["", f"Wall time {time.perf_counter() - t0:.0f} s.", "", "Result: " + ("PASS" if all_ok else "FAIL")]
     report = "\n".join(lines)
     print(report)
