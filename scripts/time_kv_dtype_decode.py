@@ -30,6 +30,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="1x1024,64x1024,256x1024")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--key-chunks", default="", help="also time the bf16 pool with decode_gqa's "
+                        "GQA_DECODE_KEY_CHUNK set to each of these (comma-separated; default: only its own value)")
     parser.add_argument("--no-timing", action="store_true", help="the correctness part only (runs in the simulator)")
     args = parser.parse_args()
     from numba import cuda
@@ -90,6 +92,20 @@ def main():
                 lambda i: launcher(q, *pools[i % copies], tables, seqs, positions, scale, out), args.repeats)
             timings[label] = (seconds, kv_bytes)
             del pools
+        default_chunk = decode_gqa_module.GQA_DECODE_KEY_CHUNK
+        for chunk in [int(c) for c in args.key_chunks.split(",") if c] if decode_gqa else []:
+            for per_load in (2, 4):
+                decode_gqa_module.GQA_DECODE_KEY_CHUNK, decode_gqa_module.KV_BF16_PER_LOAD = chunk, per_load
+                got = run(cuda.to_device(k_bf16), cuda.to_device(v_bf16))
+                diff_rounded = max(diff_rounded, float(np.abs(got - f32_rounded).max()))
+                kv_bytes = k_bf16.nbytes + v_bf16.nbytes
+                copies = max(1, min(args.repeats, -(-256 * 2**20 // kv_bytes)))
+                pools = [(cuda.to_device(k_bf16), cuda.to_device(v_bf16)) for _ in range(copies)]
+                seconds = time_in_graph(
+                    lambda i: launcher(q, *pools[i % copies], tables, seqs, positions, scale, out), args.repeats)
+                timings[f"bf16 x{per_load} chunk {chunk}"] = (seconds, kv_bytes)
+                del pools
+        decode_gqa_module.GQA_DECODE_KEY_CHUNK = default_chunk
         decode_gqa_module.KV_BF16_PER_LOAD = default_per_load
         t32 = timings["float32"][0]
         cells = [f"{label}{'*' if label == f'bf16 x{default_per_load}' else ''} {t * 1e6:7.1f} us {b / t / 1e9:6.0f} GB/s"
