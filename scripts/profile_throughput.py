@@ -10,6 +10,7 @@ band (count, mean ms, output tokens / s), and the output tok/s of the whole run.
 """
 import argparse
 import collections
+import gc
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ def main() -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--precision", default="auto")
     p.add_argument("--max-seconds", type=float, default=120.0)
+    p.add_argument("--csv", help="write every step (index, start s, kind, tokens, sequences, ms) to this file")
     p.add_argument("--min-len", type=int, default=100, help="prompt and output lengths drawn from [min, max]")
     p.add_argument("--max-len", type=int, default=1024)
     args = p.parse_args()
@@ -57,8 +59,18 @@ def main() -> int:
     engines = EngineFactory(model, engine_config, log)
     warm_up(engines, log)
     engine = engines.fresh()
-    steps = []  # (kind, tokens, sequences, seconds)
+    steps = []  # (kind, tokens, sequences, seconds, start)
     plain_step = engine.step
+    gc_pauses = []
+
+    def on_gc(phase, info, started=[0.0]):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            gc_pauses.append((info["generation"], time.perf_counter() - started[0]))
+
+    gc.callbacks.append(on_gc)
+    t0 = time.perf_counter()
 
     def timed_step():
         start = time.perf_counter()
@@ -67,7 +79,7 @@ def main() -> int:
         kind = "decode" if batch is not None and batch.is_decode_only else "prefill"
         tokens = batch.num_tokens if batch is not None else 0
         seqs = len(set(batch.query_seq.tolist())) if batch is not None else 0
-        steps.append((kind, tokens, seqs, time.perf_counter() - start))
+        steps.append((kind, tokens, seqs, time.perf_counter() - start, start - t0))
         return outputs
 
     engine.step = timed_step
@@ -77,7 +89,8 @@ def main() -> int:
     print(f"throughput workload: {record.num_finished}/{record.num_requests} requests, {record.output_tokens} output "
           f"tokens in {record.elapsed:.2f} s = {out_tok_s:.1f} output tok/s ({precision})")
     by_kind = collections.defaultdict(lambda: [0, 0, 0.0])
-    for kind, tokens, _, seconds in steps:
+    gc.callbacks.remove(on_gc)
+    for kind, tokens, _, seconds, _ in steps:
         by_kind[kind][0] += 1
         by_kind[kind][1] += tokens
         by_kind[kind][2] += seconds
@@ -86,12 +99,25 @@ def main() -> int:
               f"({100 * seconds / record.elapsed:4.1f} %)  mean {1e3 * seconds / max(count, 1):7.2f} ms")
     print("  decode steps by batch size:")
     for low, high in zip(BANDS, BANDS[1:]):
-        band = [(t, s) for kind, t, _, s in steps if kind == "decode" and low <= t < high]
+        band = [(t, s) for kind, t, _, s, _ in steps if kind == "decode" and low <= t < high]
         if band:
             seconds = sum(s for _, s in band)
             tokens = sum(t for t, _ in band)
             print(f"    batch {low:3d}-{high - 1:3d}: {len(band):5d} steps, mean {1e3 * seconds / len(band):6.2f} ms, "
                   f"wall {seconds:6.2f} s, {tokens / seconds:9.1f} tok/s")
+    slowest = sorted(steps, key=lambda step: -step[3])[:8]
+    print("  slowest steps: " + ", ".join(f"{kind} {tokens} tok at {at:.2f} s: {1e3 * s:.1f} ms"
+                                          for kind, tokens, _, s, at in slowest))
+    by_generation = collections.Counter()
+    for generation, seconds in gc_pauses:
+        by_generation[generation] += seconds
+    print(f"  garbage collector: {len(gc_pauses)} collections, {sum(by_generation.values()):.2f} s in all "
+          f"({', '.join(f'gen {g}: {s:.2f} s' for g, s in sorted(by_generation.items()))})")
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("index,start_s,kind,tokens,sequences,ms\n")
+            for i, (kind, tokens, seqs, seconds, at) in enumerate(steps):
+                f.write(f"{i},{at:.4f},{kind},{tokens},{seqs},{1e3 * seconds:.3f}\n")
     return 0
 
 
