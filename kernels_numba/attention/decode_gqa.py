@@ -60,8 +60,10 @@ FLASH_DECODE_PARTITION_KEYS = 16 if SIMULATOR else 64
 FLASH_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64
 # A bf16 pool's K/V elements per load: 1 (uint16 loads), 2 (uint32: a warp reads 128 bytes per load instruction, as
 # it does from a float32 pool) or 4 (uint64); the rows are viewed as words of that size and each word is unpacked
-# into the shared tile. scripts/time_kv_dtype_decode.py times each.
-KV_BF16_PER_LOAD = 2
+# into the shared tile. scripts/time_kv_dtype_decode.py times each: on the H200 (docs/bench/h200-round8-kv-decode-chunks.log,
+# 16-key chunks) 4 beats 2 by 8-9 % at batch 64 x 1,024 and 256 x 512 / 1,024 keys (1,296-1,324 GB/s against
+# 1,190-1,214); 32- and 64-key chunks are slower with either.
+KV_BF16_PER_LOAD = 4
 _BF16_WORDS = {1: np.uint16, 2: np.uint32, 4: np.uint64}
 
 
