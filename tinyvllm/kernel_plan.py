@@ -10,8 +10,9 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 
 | step / stage                                 | fp32                             | fast                           |
 |----------------------------------------------|----------------------------------|--------------------------------|
-| decode steps of <= 32 tokens (GPU)           | fused-GEMV layer (gemv_fused)    | the same (memory-bound: the    |
-|                                              |                                  | bf16 weights are the bytes)    |
+| decode steps of <= 32 tokens (GPU)           | fused-GEMV layer (gemv_fused)    | the same up to                 |
+|                                              |                                  | FAST_GEMV_MAX_TOKENS (memory-  |
+|                                              |                                  | bound: the weights are the bytes) |
 | q|k|v, o_proj, gate|up, the LM head's rows   | linear: gemm_blocked             | gemm_tc (x rounded to bf16 by  |
 | (projections of >= tc_min_rows() rows)       | (simulator: gemv)                | gemm_tc's to_bf16_rows)        |
 | silu(gate) * up, then down_proj              | silu_mul_gate_up, linear         | silu_mul_gate_up (bf16), gemm_tc |
@@ -19,9 +20,10 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 | attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
 | attention, decode-only steps                 | decode_gqa, flash_decode (simulator: per_query): both precisions  |
 
-tc_min_rows() is the GEMV crossover: gemv_coalesced serves up to MAX_COALESCED_TOKENS rows on a GPU, so the
-tensor cores take over where gemm_blocked did; in the simulator every projection of 2 or more rows takes them (so
-the demo model's prefill runs the fast kernels there, with small tiles: tc_tile).
+tc_min_rows() is the GEMV crossover: the fused GEMVs serve decode steps up to FAST_GEMV_MAX_TOKENS rows on a GPU
+(at most matmul.MAX_COALESCED_TOKENS, where fp32 hands over to gemm_blocked), the tensor cores the rest; in the
+simulator every projection of 2 or more rows takes them (so the demo model's prefill runs the fast kernels there,
+with small tiles: tc_tile).
 
 Why no ResidualEpilogue behind o_proj and down_proj: an RMSNorm reads the sum right after, over whole rows, so
 it is a launch either way; gemm_tc + epilogue + rmsnorm moves the same 20 bytes a value as gemm_tc + add_rmsnorm
@@ -35,6 +37,7 @@ as bf16 directly (silu_mul_gate_up(bf16=True)): it is no stage output.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,9 +81,16 @@ def tc_tile(rows: int, out_features: int) -> TileShape:
     return SIMULATOR_TILE if SIMULATOR else _gemm_tc.tile_for(rows, out_features)
 
 
+# The fast plan's GEMV crossover: decode steps of up to this many tokens keep the fused-GEMV layer (it reads each
+# weight once and is memory-bound at a handful of tokens), larger ones go to gemm_tc. The float32 crossover
+# (matmul.MAX_COALESCED_TOKENS, 32) was set against gemm_blocked on CUDA cores; gemm_tc overtakes the GEMV far
+# sooner. TINYVLLM_FAST_GEMV_MAX_TOKENS overrides it (scripts/profile_decode.py times a choice).
+FAST_GEMV_MAX_TOKENS = int(os.environ.get("TINYVLLM_FAST_GEMV_MAX_TOKENS", 32))
+
+
 def tc_min_rows() -> int:
-    """The fewest rows a projection takes to the tensor cores: past the GEMV's crossover on a GPU."""
-    return 2 if SIMULATOR else _matmul.MAX_COALESCED_TOKENS + 1
+    """The fewest rows a projection takes to the tensor cores: past the fast plan's GEMV crossover on a GPU."""
+    return 2 if SIMULATOR else min(FAST_GEMV_MAX_TOKENS, _matmul.MAX_COALESCED_TOKENS) + 1
 
 
 def tc_attention_shape() -> tuple[int, int]:

@@ -303,10 +303,13 @@ class ModelRunner:
 
     def fuses_norms(self, num_tokens: int) -> bool:
         """Whether a step of num_tokens runs the fused-GEMV layer (_fused_layers): when gemv_coalesced serves
-        its projections (decode on a GPU), unless `fuse_norms` says otherwise."""
+        its projections (decode on a GPU) and the fast plan does not send them to the tensor cores, unless
+        `fuse_norms` says otherwise."""
         if self.fuse_norms is not None:
             return self.fuse_norms
         c = self.config
+        if self.plan.uses_tensor_cores(num_tokens, c.hidden_size):  # past the fast plan's GEMV crossover
+            return False
         return all(linear_kernel_name(num_tokens, n_in) == "gemv_coalesced"
                    for n_in in (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size))
 
