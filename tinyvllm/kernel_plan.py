@@ -11,8 +11,8 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 | step / stage                                 | fp32                             | fast                           |
 |----------------------------------------------|----------------------------------|--------------------------------|
 | decode steps of <= 32 tokens (GPU)           | fused-GEMV layer (gemv_fused)    | the same up to                 |
-|                                              |                                  | FAST_GEMV_MAX_TOKENS (memory-  |
-|                                              |                                  | bound: the weights are the bytes) |
+|                                              |                                  | FAST_GEMV_MAX_TOKENS (2),      |
+|                                              |                                  | gemm_tc past it                |
 | q|k|v, o_proj, gate|up, the LM head's rows   | linear: gemm_blocked             | gemm_tc (x rounded to bf16 by  |
 | (projections of >= tc_min_rows() rows)       | (simulator: gemv)                | gemm_tc's to_bf16_rows)        |
 | silu(gate) * up, then down_proj              | silu_mul_gate_up, linear         | silu_mul_gate_up (bf16), gemm_tc |
@@ -84,8 +84,11 @@ def tc_tile(rows: int, out_features: int) -> TileShape:
 # The fast plan's GEMV crossover: decode steps of up to this many tokens keep the fused-GEMV layer (it reads each
 # weight once and is memory-bound at a handful of tokens), larger ones go to gemm_tc. The float32 crossover
 # (matmul.MAX_COALESCED_TOKENS, 32) was set against gemm_blocked on CUDA cores; gemm_tc overtakes the GEMV far
-# sooner. TINYVLLM_FAST_GEMV_MAX_TOKENS overrides it (scripts/profile_decode.py times a choice).
-FAST_GEMV_MAX_TOKENS = int(os.environ.get("TINYVLLM_FAST_GEMV_MAX_TOKENS", 32))
+# sooner: decode-step CUDA graphs on the H200 (scripts/profile_decode.py, 512-token contexts, Llama-3.2-1B shape;
+# docs/bench/h200-round8-profile-decode-gemv-crossover*.log), GPU ms per step, GEMVs vs gemm_tc:
+#   batch 2: 1.32 vs 3.36 | 4: 3.84 vs 3.43 | 8: 6.17 vs 3.75 | 16: 10.15 vs 3.81 | 32: 18.61 vs 4.12
+# (a graph runs its bucket's rows: batches 1 and 2 stay on the GEMVs). TINYVLLM_FAST_GEMV_MAX_TOKENS overrides it.
+FAST_GEMV_MAX_TOKENS = int(os.environ.get("TINYVLLM_FAST_GEMV_MAX_TOKENS", 2))
 
 
 def tc_min_rows() -> int:
