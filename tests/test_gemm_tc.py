@@ -246,3 +246,20 @@ def test_split_for_splits_decode_batches_and_never_prefill():
         for n, k in MODEL_SHAPES:
             assert split_for(m, n, k, tile_for(m, n)) == 1, (m, n, k)
     assert split_for(64, 2048, 8192, SMALL_TILE, sm_count=16) == 1
+
+
+def test_the_fast_plan_splits_decode_batches_on_a_gpu(monkeypatch):
+    """KernelPlan.project hands gemm_tc split_for's splits on a GPU (here pretended), 1 in the simulator."""
+    from types import SimpleNamespace
+
+    import tinyvllm.kernel_plan as kernel_plan
+    from kernels_numba.gemm_tc import SMALL_TILE
+    calls = []
+    monkeypatch.setattr(kernel_plan, "gemm_tc", lambda x, w, tile, splits: calls.append((tile, splits)))
+    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4)
+    x, w_down = SimpleNamespace(shape=(256, 8192)), SimpleNamespace(shape=(2048, 8192))  # down_proj, batch 256
+    plan.project(x, w_down)
+    monkeypatch.setattr(kernel_plan, "SIMULATOR", False)
+    plan.project(x, w_down)
+    plan.project(SimpleNamespace(shape=(4096, 8192)), w_down)  # prefill
+    assert calls == [(kernel_plan.SIMULATOR_TILE, 1), (SMALL_TILE, 2), (kernel_plan.tc_tile(4096, 2048), 1)]

@@ -19,6 +19,8 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 | attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
 | attention, decode-only steps                 | decode_gqa, flash_decode (simulator: per_query): both precisions  |
 
+At decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not fill the SMs (tc_splits:
+o_proj and down_proj of the 1B model at 64-256 rows); prefill GEMMs run in one pass.
 tc_min_rows() is the GEMV crossover: gemv_coalesced serves up to MAX_COALESCED_TOKENS rows on a GPU, so the
 tensor cores take over where gemm_blocked did; in the simulator every projection of 2 or more rows takes them (so
 the demo model's prefill runs the fast kernels there, with small tiles: tc_tile).
@@ -78,6 +80,12 @@ def tc_tile(rows: int, out_features: int) -> TileShape:
     return SIMULATOR_TILE if SIMULATOR else _gemm_tc.tile_for(rows, out_features)
 
 
+def tc_splits(rows: int, out_features: int, in_features: int, tile: TileShape) -> int:
+    """gemm_tc's split-K for that GEMM: gemm_tc.split_for's choice on a GPU (decode batches whose blocks do not fill
+    the SMs), 1 in the simulator (one block at a time: splitting only adds a launch)."""
+    return 1 if SIMULATOR else _gemm_tc.split_for(rows, out_features, in_features, tile)
+
+
 def tc_min_rows() -> int:
     """The fewest rows a projection takes to the tensor cores: past the GEMV's crossover on a GPU."""
     return 2 if SIMULATOR else _matmul.MAX_COALESCED_TOKENS + 1
@@ -115,7 +123,8 @@ class KernelPlan:
     def project(self, x, w):
         """y = x @ W.T with the kernel projection_name names (x float32 or, for gemm_tc, uint16 bf16 bits)."""
         if self.uses_tensor_cores(x.shape[0], x.shape[1]):
-            return gemm_tc(x, w, tile=tc_tile(x.shape[0], w.shape[0]))
+            tile = tc_tile(x.shape[0], w.shape[0])
+            return gemm_tc(x, w, tile=tile, splits=tc_splits(x.shape[0], w.shape[0], x.shape[1], tile))
         return _matmul.linear(x, w)
 
     def swiglu_name(self, rows: int, intermediate: int) -> str:
