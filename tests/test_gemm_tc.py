@@ -128,6 +128,28 @@ def test_gemm_tc_model_shapes_on_the_gpu(rng, m, n, k):
     _assert_within_bound(got, x, w_bits, columns)
 
 
+@pytest.mark.skipif(SIMULATOR, reason="GPU only (TINYVLLM_TEST_GPU=1): full-size shapes")
+@pytest.mark.parametrize("n, k", [(2048, 8192), (2048, 2048), (3072, 2048), (576, 1536)])
+@pytest.mark.parametrize("m", [64, 77, 256])
+def test_split_k_at_decode_batches_on_the_gpu(rng, m, n, k):
+    """The plan's tile at split_for's splits and at 3 (uneven: 21, 21 and 22 slices of K 2048), with a
+    residual: within the bound, residual_out one float32 add more."""
+    from kernels_numba.gemm_tc import split_for, tile_for
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_bits = _model_weight(n, k)
+    residual = rng.standard_normal((m, n)).astype(np.float32)
+    tile = tile_for(m, n)
+    columns = np.sort(rng.choice(n, size=min(n, 512), replace=False))
+    for splits in sorted({split_for(m, n, k, tile), 3}):
+        out, summed = poisoned((m, n), np.float32), poisoned((m, n), np.float32)
+        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), ResidualEpilogue(cuda.to_device(residual), summed),
+                      out=out, tile=tile, splits=splits)
+        got = out.copy_to_host()
+        assert not np.isnan(got).any(), f"splits {splits}: some outputs were never written"
+        _assert_within_bound(got, x, w_bits, columns)
+        np.testing.assert_array_equal(summed.copy_to_host(), got + residual)
+
+
 def test_tile_for_picks_the_sweeps_winners():
     """Every case of the H200 sweep (docs/bench/h200-round7-sweep_tc_gemm.log): (tokens, N of the projection) -> the
     tile that won it. qkv 3072, o_proj 2048, gate_up 16384, down 2048 output features."""
