@@ -115,8 +115,14 @@ def split_for(m: int, n: int, k: int, tile: TileShape, sm_count: int = H200_SMS)
     return chosen
 
 
-@functools.cache
 def gemm_tc_kernel(tile: TileShape, residual: bool = False, split: bool = False):
+    """The kernel of _gemm_tc_kernel, one per (tile, residual, split) however the call spells them (functools.cache
+    keys positional and keyword arguments apart: scripts/check_tc_sass.py reads the launched kernel's SASS)."""
+    return _gemm_tc_kernel(tile, bool(residual), bool(split))
+
+
+@functools.cache
+def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
     """The kernel for one tile shape (every size a compile-time constant: fixed shared shapes, unrolled
     fragment and accumulator loops, so fragments and accumulators are registers). `residual`: also
     residual_out = out + residual_in. `split`: block z of a grid of gridDim.z splits walks K slices

@@ -238,6 +238,13 @@ def test_sum_splits_adds_in_split_order(rng):
     np.testing.assert_array_equal(summed.copy_to_host(), want + res)
 
 
+def test_gemm_tc_kernel_is_one_kernel_per_variant_however_asked():
+    """scripts/check_tc_sass.py reads the SASS of the kernel gemm_tc_fused launched: the same object."""
+    assert gemm_tc_kernel(SMALL) is gemm_tc_kernel(SMALL, False, False) is gemm_tc_kernel(SMALL, residual=False)
+    assert gemm_tc_kernel(SMALL, split=True) is gemm_tc_kernel(SMALL, False, True)
+    assert gemm_tc_kernel(SMALL, split=True) is not gemm_tc_kernel(SMALL)
+
+
 def test_gemm_tc_rejects_splits_it_cannot_run(rng):
     x, w_bits = _inputs(rng, 4, 16, 64)  # 2 slices of 32
     for splits in (0, 3):
