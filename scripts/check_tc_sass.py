@@ -38,6 +38,9 @@ def main() -> int:
         gemm_tc_fused(x, w, ResidualEpilogue(residual) if with_residual else None, tile=tile,
                       splits=splits)  # compiles it
         cuda.synchronize()
+        if not kernel.overloads:  # the launcher compiled another kernel object than the one read here
+            failures += 1
+            print(f"FAIL {tile}: the kernel read here was never compiled", flush=True)
         for signature, sass in kernel.inspect_sass().items():
             regs = kernel.overloads[signature].regs_per_thread
             hmma, ldsm, ldgsts = count(sass, "HMMA"), count(sass, "LDSM"), count(sass, "LDGSTS")
