@@ -96,12 +96,13 @@ def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> TileShape:
 
 SPLITS = (1, 2, 4, 8)
 MIN_SPLIT_SLICES = 16  # K slices each split walks at least (its pipeline's fill and drain, the partials' traffic)
+SPLIT_BLOCKS_PER_SM = 1  # blocks per SM split_for aims at: one wave (not yet tuned: scripts/sweep_tc_gemm.py --splits)
 
 
 def split_for(m: int, n: int, k: int, tile: TileShape, sm_count: int = H200_SMS) -> int:
-    """Split-K's splits for an [m, n] output over K = k: the fewest of SPLITS that give at least one block per SM
-    while each split keeps MIN_SPLIT_SLICES slices of block_k (else the most that do). Decode batches of the 1B
-    model's o_proj and down_proj (32 or 128 blocks of 64 x 64, each walking 64 or 256 slices) split; GEMMs whose
+    """Split-K's splits for an [m, n] output over K = k: the fewest of SPLITS that give SPLIT_BLOCKS_PER_SM blocks
+    per SM while each split keeps MIN_SPLIT_SLICES slices of block_k (else the most that do). Decode batches of the
+    1B model's o_proj and down_proj (32 or 128 blocks of 64 x 64, each walking 64 or 256 slices) split; GEMMs whose
     blocks fill the GPU already (prefill) stay at 1."""
     blocks = cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
     k_slices = cdiv(k, tile.block_k)
@@ -110,7 +111,7 @@ def split_for(m: int, n: int, k: int, tile: TileShape, sm_count: int = H200_SMS)
         if k_slices < splits * MIN_SPLIT_SLICES:
             break
         chosen = splits
-        if blocks * splits >= sm_count:
+        if blocks * splits >= sm_count * SPLIT_BLOCKS_PER_SM:
             break
     return chosen
 

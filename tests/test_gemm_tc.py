@@ -253,7 +253,7 @@ def test_gemm_tc_rejects_splits_it_cannot_run(rng):
 
 
 def test_split_for_splits_decode_batches_and_never_prefill():
-    from kernels_numba.gemm_tc import H200_SMS, MIN_SPLIT_SLICES, SMALL_TILE, split_for, tile_for
+    from kernels_numba.gemm_tc import H200_SMS, MIN_SPLIT_SLICES, SMALL_TILE, SPLIT_BLOCKS_PER_SM, split_for, tile_for
     # Llama-3.2-1B at decode batches 64 and 256 (docs/bench/h200-round8-sweep-tc-gemm-decode.log): down_proj's 32 or
     # 128 blocks of 64 x 64 walk 256 slices, o_proj's 64; gate_up's 128 x 128 blocks at 256 rows fill the GPU already.
     cases = {(64, 2048, 8192): 8, (256, 2048, 8192): 2, (64, 2048, 2048): 4, (256, 2048, 2048): 2,
@@ -269,7 +269,7 @@ def test_split_for_splits_decode_batches_and_never_prefill():
             splits = split_for(m, n, k, tile)
             blocks = -(-m // tile.block_m) * -(-n // tile.block_n)
             assert splits == 1 or -(-k // tile.block_k) >= splits * MIN_SPLIT_SLICES, (m, n, k)
-            assert splits == 1 or blocks * splits // 2 < H200_SMS, (m, n, k)  # the fewest that fill the GPU
+            assert splits == 1 or blocks * splits // 2 < H200_SMS * SPLIT_BLOCKS_PER_SM, (m, n, k)  # the fewest
     # Prefill: thousands of rows stay on today's one-pass kernel, for every projection shape of MODEL_SHAPES.
     for m in (2048, 4096, 8192):
         for n, k in MODEL_SHAPES:
