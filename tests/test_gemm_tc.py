@@ -194,16 +194,21 @@ def test_split_k_matches_ref_within_the_bound(rng, splits, k, residual):
 
 def test_split_k_is_the_in_order_sum_of_each_splits_gemm(rng, monkeypatch):
     """Bit for bit: split z's partial is gemm_tc (one pass) over its K range; the reduce adds them in split order
-    (((p0 + p1) + p2), float32). Two runs agree bit for bit (no atomics)."""
+    (((p0 + p1) + p2), float32). Two runs agree bit for bit (no atomics), the second on the workspace a
+    BufferArena recorded in the first (as a captured CUDA graph replays it)."""
     import kernels_numba.gemm_tc as gemm_tc_module
+    from kernels_numba.common import BufferArena, launching_into
     k, splits = 112, 3
     x, w_bits = _inputs(rng, 20, 40, k)
     x_bits = x.astype(ml_dtypes.bfloat16).view(np.uint16)
-    runs = []
+    arena, runs = BufferArena(), []
     for _ in range(2):
         out = poisoned((20, 40), np.float32)
-        runs.append(gemm_tc(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=SPLIT_TILE,
-                            splits=splits).copy_to_host())
+        with launching_into(0, arena):
+            runs.append(gemm_tc(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=SPLIT_TILE,
+                                splits=splits).copy_to_host())
+        arena.rewind()
+    assert [(b.shape, b.dtype) for b in arena.buffers] == [((splits * 20, 40), np.float32)]  # the workspace
     np.testing.assert_array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
 
     def no_split_k(*args, **kwargs):
