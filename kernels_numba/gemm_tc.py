@@ -18,10 +18,17 @@ ldmatrix.x4 per 16 rows) and B fragments (one ldmatrix.x4 per 16 features: W [n]
 ldmatrix's 8 row addresses then fall in distinct banks. Epilogue: each lane stores its accumulators (two
 consecutive features of two tokens per mma tile), with `ResidualEpilogue` also out + residual.
 
+Split-K (`splits` > 1, chosen by `split_for`) is for decode batches, where too few blocks each walk a long K:
+the grid gets a z dimension, block z walks only its share of K's block_k slices and stores its float32 partial
+tile in a workspace [splits * M, N] (device_empty: a CUDA graph's BufferArena), and `sum_splits_kernel` adds the
+partials in split order into out (and the residual): deterministic, no atomics. splits = 1 is the one launch.
+
 Error: each product of two bf16 is exact in float32; the sum of K of them is float32 (the tensor core adds
 16 products at a time, then into the accumulator), so |out - ref| <= K * 2^-23 * sum_k |x_k w_k| with ref
 the float64 sum of the bf16-rounded inputs (the classic bound gamma_K, with the unit roundoff doubled in
-case the hardware truncates instead of rounding). tests/test_gemm_tc.py checks exactly that bound.
+case the hardware truncates instead of rounding). tests/test_gemm_tc.py checks exactly that bound. Split-K adds
+splits - 1 float32 additions to each output: a product then passes through at most K / 16 + splits - 1 <= K
+roundings (splits <= K / block_k), so the same bound holds.
 
 In the simulator the same kernel runs on mma.py's Python twins (the warps' lanes meet at each mma and
 ldmatrix), one block at a time: test it with small tiles (TileShape(32, 32, 32, 1, 2)).
@@ -40,6 +47,7 @@ WARP = 32
 CHUNK = 8      # bf16 per 16-byte copy
 ROW_PAD = 8    # bf16 of padding per shared row (16 bytes)
 CONVERT_THREADS = 256
+SUM_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -86,12 +94,43 @@ def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> TileShape:
     return SMALL_TILE
 
 
+SPLITS = (1, 2, 4, 8)
+MIN_SPLIT_SLICES = 16  # K slices each split walks at least (its pipeline's fill and drain, the partials' traffic)
+SPLIT_BLOCKS_PER_SM = 1  # blocks per SM split_for aims at: one wave (not yet tuned: scripts/sweep_tc_gemm.py --splits)
+
+
+def split_for(m: int, n: int, k: int, tile: TileShape, sm_count: int = H200_SMS) -> int:
+    """Split-K's splits for an [m, n] output over K = k: the fewest of SPLITS that give SPLIT_BLOCKS_PER_SM blocks
+    per SM while each split keeps MIN_SPLIT_SLICES slices of block_k (else the most that do). Decode batches of the
+    1B model's o_proj and down_proj (32 or 128 blocks of 64 x 64, each walking 64 or 256 slices) split; GEMMs whose
+    blocks fill the GPU already (prefill) stay at 1."""
+    blocks = cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
+    k_slices = cdiv(k, tile.block_k)
+    chosen = 1
+    for splits in SPLITS:
+        if k_slices < splits * MIN_SPLIT_SLICES:
+            break
+        chosen = splits
+        if blocks * splits >= sm_count * SPLIT_BLOCKS_PER_SM:
+            break
+    return chosen
+
+
+def gemm_tc_kernel(tile: TileShape, residual: bool = False, split: bool = False):
+    """The kernel of _gemm_tc_kernel, one per (tile, residual, split) however the call spells them (functools.cache
+    keys positional and keyword arguments apart: scripts/check_tc_sass.py reads the launched kernel's SASS)."""
+    return _gemm_tc_kernel(tile, bool(residual), bool(split))
+
+
 @functools.cache
-def gemm_tc_kernel(tile: TileShape, residual: bool = False):
+def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
     """The kernel for one tile shape (every size a compile-time constant: fixed shared shapes, unrolled
     fragment and accumulator loops, so fragments and accumulators are registers). `residual`: also
-    residual_out = out + residual_in."""
+    residual_out = out + residual_in. `split`: block z of a grid of gridDim.z splits walks K slices
+    [z S / splits, (z + 1) S / splits) of the S = cdiv(K, block_k) and stores its partial sums at rows
+    z M .. z M + M - 1 of out, the workspace [splits M, N] (sum_splits_kernel adds them up); without it z is 0 of 1."""
     tile.check()
+    assert not (residual and split), "split-K applies the residual in sum_splits"
     bm, bn, bk, stages = tile.block_m, tile.block_n, tile.block_k, tile.stages
     warps_n, threads = tile.warps_n, tile.threads
     warp_m, warp_n = bm // tile.warps_m, bn // tile.warps_n
@@ -148,10 +187,17 @@ def gemm_tc_kernel(tile: TileShape, residual: bool = False):
                 for r in range(4):
                     acc[i, j, r] = np.float32(0.0)
         k_slices = (in_features + bk - 1) // bk
+        if split:  # this block's share of K's slices (uneven splits differ by one), and of the workspace's rows
+            k_first = cuda.blockIdx.z * k_slices // cuda.gridDim.z
+            k_slices = (cuda.blockIdx.z + 1) * k_slices // cuda.gridDim.z - k_first
+            out_row0 = cuda.blockIdx.z * num_tokens
+        else:
+            k_first = 0
+            out_row0 = 0
         for s in range(stages - 1):  # the pipeline's first slices
             if s < k_slices:
-                copy_slice(x_bits, w_bits, x_tile, w_tile, s, s * bk, m0, n0, tid, num_tokens, out_features,
-                           in_features)
+                copy_slice(x_bits, w_bits, x_tile, w_tile, s, (k_first + s) * bk, m0, n0, tid, num_tokens,
+                           out_features, in_features)
             cp_async_commit()
         # ldmatrix row addresses: A, lanes 0-15 rows 0-15 at k, lanes 16-31 the same rows at k + 8; B, lanes
         # 0-7 / 8-15 features 0-7 at k / k + 8, lanes 16-23 / 24-31 features 8-15 at k / k + 8.
@@ -164,8 +210,8 @@ def gemm_tc_kernel(tile: TileShape, residual: bool = False):
             cuda.syncthreads()  # slice kt is in shared memory for everyone; slice kt - 1's buffer is free
             ahead = kt + stages - 1
             if ahead < k_slices:
-                copy_slice(x_bits, w_bits, x_tile, w_tile, ahead % stages, ahead * bk, m0, n0, tid, num_tokens,
-                           out_features, in_features)
+                copy_slice(x_bits, w_bits, x_tile, w_tile, ahead % stages, (k_first + ahead) * bk, m0, n0, tid,
+                           num_tokens, out_features, in_features)
             cp_async_commit()  # (an empty group at the end keeps the wait count uniform)
             stage = kt % stages
             for ks in range(k_steps):
@@ -183,21 +229,22 @@ def gemm_tc_kernel(tile: TileShape, residual: bool = False):
         # Lane 4g + t holds, of each mma tile, out[g][2t..2t+1] (acc 0, 1) and out[g + 8][2t..2t+1] (acc 2, 3).
         g = lane // 4
         t = lane % 4
+        row_end = out_row0 + num_tokens
         for i in range(m_tiles):
             for j in range(n_tiles):
-                row = m0 + warp_row + 16 * i + g
+                row = out_row0 + m0 + warp_row + 16 * i + g
                 col = n0 + warp_col + 8 * j + 2 * t
-                store_pair(out, residual_in, residual_out, row, col, acc[i, j, 0], acc[i, j, 1], num_tokens,
+                store_pair(out, residual_in, residual_out, row, col, acc[i, j, 0], acc[i, j, 1], row_end,
                            out_features)
-                store_pair(out, residual_in, residual_out, row + 8, col, acc[i, j, 2], acc[i, j, 3], num_tokens,
+                store_pair(out, residual_in, residual_out, row + 8, col, acc[i, j, 2], acc[i, j, 3], row_end,
                            out_features)
 
     @jit(device=True)
-    def store_pair(out, residual_in, residual_out, row, col, v0, v1, num_tokens, out_features):
-        """out[row, col] and out[row, col + 1], those inside out (and residual_out = out + residual_in). Indexed
-        unsigned (no negative-index fix-ups): with them the epilogue grew past what LLVM unrolls, and acc, indexed
-        by a loop counter, went to the stack."""
-        if row < num_tokens:
+    def store_pair(out, residual_in, residual_out, row, col, v0, v1, row_end, out_features):
+        """out[row, col] and out[row, col + 1], those before row_end and inside out (and residual_out = out +
+        residual_in). Indexed unsigned (no negative-index fix-ups): with them the epilogue grew past what LLVM
+        unrolls, and acc, indexed by a loop counter, went to the stack."""
+        if row < row_end:
             r, c = np.uint64(row), np.uint64(col)
             if col < out_features:
                 out[r, c] = v0
@@ -209,6 +256,25 @@ def gemm_tc_kernel(tile: TileShape, residual: bool = False):
                 if residual:
                     residual_out[r, c] = v1 + residual_in[r, c]
 
+    return kernel
+
+
+@functools.cache
+def sum_splits_kernel(residual: bool):
+    """out[m, n] = partials[0 M + m, n] + partials[1 M + m, n] + ... in split order (float32, the same sum every
+    run); `residual`: also residual_out = out + residual_in."""
+    @jit
+    def kernel(partials, splits, out, residual_in, residual_out):
+        num_tokens, out_features = out.shape
+        for i in range(cuda.grid(1), num_tokens * out_features, cuda.gridsize(1)):
+            row = i // out_features
+            col = i % out_features
+            total = partials[row, col]
+            for z in range(1, splits):
+                total += partials[z * num_tokens + row, col]
+            out[row, col] = total
+            if residual:
+                residual_out[row, col] = total + residual_in[row, col]
     return kernel
 
 
@@ -235,16 +301,20 @@ def _is_row_aligned(a) -> bool:
     return a.strides[1] == 2 and a.strides[0] % 16 == 0
 
 
-def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_TILE) -> FusedOutputs:
+def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_TILE, splits: int = 1
+                  ) -> FusedOutputs:
     """out = bf16(x) @ W.T on tensor cores (x float32 [M, K], rounded to bf16 first, or uint16 bf16 bits);
     any M and N, K a multiple of 8 (16-byte copies). `epilogue`: None or epilogues.ResidualEpilogue
-    (residual_out = out + residual). Returns the FusedOutputs written."""
+    (residual_out = out + residual). `splits` > 1: split-K (split_for), at most one split per K slice.
+    Returns the FusedOutputs written."""
     assert x.ndim == 2 and x.dtype in (np.float32, np.uint16), (x.shape, x.dtype)
     assert w_bits.dtype == np.uint16, f"W is {w_bits.dtype}: gemm_tc reads bf16 weights (uint16 bits)"
     assert epilogue is None or isinstance(epilogue, ResidualEpilogue), (
         f"gemm_tc has no {type(epilogue).__name__} yet: None or ResidualEpilogue")
     num_tokens, in_features = x.shape
     assert in_features % CHUNK == 0, f"gemm_tc copies 8 bf16 at a time: in_features {in_features} is not a multiple"
+    assert isinstance(splits, int) and 1 <= splits <= max(1, cdiv(in_features, tile.block_k)), (
+        f"gemm_tc splits {splits!r}: 1 to the {cdiv(in_features, tile.block_k)} slices of K {in_features}")
     result = fused_outputs(x, w_bits, None, epilogue, out)
     if num_tokens == 0 or w_bits.shape[0] == 0:
         return result
@@ -252,17 +322,26 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     assert _is_row_aligned(x_bits) and _is_row_aligned(w_bits), (
         f"gemm_tc needs contiguous rows starting 16 bytes apart: x strides {x_bits.strides}, W {w_bits.strides}")
     residual = isinstance(epilogue, ResidualEpilogue)
-    kernel = gemm_tc_kernel(tile, residual)
-    grid = (cdiv(w_bits.shape[0], tile.block_n), cdiv(num_tokens, tile.block_m))
+    out_features = w_bits.shape[0]
+    grid = (cdiv(out_features, tile.block_n), cdiv(num_tokens, tile.block_m))
     residual_in = epilogue.residual if residual else result.out
     residual_out = result.residual_out if residual else result.out
-    kernel[grid, tile.threads, launch_stream()](x_bits, w_bits, result.out, residual_in, residual_out)
+    if splits == 1:
+        kernel = gemm_tc_kernel(tile, residual)
+        kernel[grid, tile.threads, launch_stream()](x_bits, w_bits, result.out, residual_in, residual_out)
+        return result
+    partials = device_empty((splits * num_tokens, out_features), np.float32)
+    gemm_tc_kernel(tile, split=True)[grid + (splits,), tile.threads, launch_stream()](
+        x_bits, w_bits, partials, partials, partials)
+    blocks, threads = grid_stride_launch(num_tokens * out_features, SUM_THREADS)
+    sum_splits_kernel(residual)[blocks, threads, launch_stream()](partials, splits, result.out, residual_in,
+                                                                  residual_out)
     return result
 
 
-def gemm_tc(x, w_bits, out=None, tile: TileShape = DEFAULT_TILE):
+def gemm_tc(x, w_bits, out=None, tile: TileShape = DEFAULT_TILE, splits: int = 1):
     """out = bf16(x) @ W.T on tensor cores, float32 accumulation: see gemm_tc_fused. Returns out."""
-    return gemm_tc_fused(x, w_bits, out=out, tile=tile).out
+    return gemm_tc_fused(x, w_bits, out=out, tile=tile, splits=splits).out
 
 
 def gemm_tc_ref(x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """On the GPU: compile gemm_tc for every tile shape scripts/sweep_tc_gemm.py sweeps (and the residual epilogue at
-the default tile) and the tensor-core prefill attention, then read each kernel's SASS (nvdisasm): tensor-core mmas
-(HMMA), ldmatrix (LDSM) and, in gemm_tc, cp.async (LDGSTS) must be there, local memory (LDL / STL: spills or a
-register array indexed at run time) must not.
+the default tile, split-K at the default and small tiles) and the tensor-core prefill attention, then read each
+kernel's SASS (nvdisasm): tensor-core mmas (HMMA), ldmatrix (LDSM) and, in gemm_tc, cp.async (LDGSTS) must be
+there, local memory (LDL / STL: spills or a register array indexed at run time) must not.
 
     python scripts/check_tc_sass.py            # prints one line per kernel, then PASS or FAIL (exit status 1)
 """
@@ -21,28 +21,34 @@ def count(sass: str, opcode: str) -> int:
 def main() -> int:
     from kernels_numba.common import cuda
     from kernels_numba.epilogues import ResidualEpilogue
-    from kernels_numba.gemm_tc import DEFAULT_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel
+    from kernels_numba.gemm_tc import DEFAULT_TILE, SMALL_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel
     from sweep_tc_gemm import TILES
     x = cuda.to_device(np.zeros((8, 64), np.uint16))
     w = cuda.to_device(np.zeros((16, 64), np.uint16))
     residual = cuda.to_device(np.zeros((8, 16), np.float32))
-    cases = [(DEFAULT_TILE, True)] + [(TileShape(*spec), False) for spec in TILES]
+    cases = ([(DEFAULT_TILE, True, 1)] + [(TileShape(*spec), False, 1) for spec in TILES]
+             + [(DEFAULT_TILE, False, 2), (SMALL_TILE, False, 2)])  # split-K: K 64 is 2 slices of 32
     failures = 0
-    for tile, with_residual in cases:
+    for tile, with_residual, splits in cases:
         try:
-            kernel = gemm_tc_kernel(tile, with_residual)
+            kernel = gemm_tc_kernel(tile, with_residual, splits > 1)
         except AssertionError as e:
             print(f"skip {tile}: {e}")
             continue
-        gemm_tc_fused(x, w, ResidualEpilogue(residual) if with_residual else None, tile=tile)  # compiles it
+        gemm_tc_fused(x, w, ResidualEpilogue(residual) if with_residual else None, tile=tile,
+                      splits=splits)  # compiles it
         cuda.synchronize()
+        if not kernel.overloads:  # the launcher compiled another kernel object than the one read here
+            failures += 1
+            print(f"FAIL {tile}: the kernel read here was never compiled", flush=True)
         for signature, sass in kernel.inspect_sass().items():
             regs = kernel.overloads[signature].regs_per_thread
             hmma, ldsm, ldgsts = count(sass, "HMMA"), count(sass, "LDSM"), count(sass, "LDGSTS")
             local = count(sass, "LDL") + count(sass, "STL")
             ok = hmma > 0 and ldsm > 0 and ldgsts > 0 and local == 0
             failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {tile}{' +residual' if with_residual else ''}: HMMA {hmma}, LDSM {ldsm}, "
+            print(f"{'ok  ' if ok else 'FAIL'} {tile}{' +residual' if with_residual else ''}"
+                  f"{' split-K' if splits > 1 else ''}: HMMA {hmma}, LDSM {ldsm}, "
                   f"LDGSTS {ldgsts}, LDL/STL {local}, registers {regs}", flush=True)
     # prefill_tc at Llama-3.2-1B's shape (head_dim 64, 4 heads a KV head, blocks of 16): HMMA and LDSM, no local memory
     from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, paged_attention_prefill_tc_kernel

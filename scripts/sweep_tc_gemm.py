@@ -1,13 +1,17 @@
-"""Sweep gemm_tc's tile shapes on the GPU: TFLOP/s per prefill projection shape, against gemm_blocked (fp32 CUDA
-cores, the current prefill GEMM) and torch's bf16 matmul (cuBLAS) when torch has CUDA.
+"""Sweep gemm_tc's tile shapes (and split-K) on the GPU: TFLOP/s per prefill projection shape, against gemm_blocked
+(fp32 CUDA cores, the current prefill GEMM) and torch's bf16 matmul (cuBLAS) when torch has CUDA.
 
     python scripts/sweep_tc_gemm.py [--tokens 128,512,1024,4096] [--shapes qkv,o_proj,gate_up,down] [--repeats 20]
+                                    [--tiles all|default|0,5,6] [--splits 1,2,4,8]
+    python scripts/sweep_tc_gemm.py --tokens 64,256 --splits 1,2,4,8 --tiles 4,5,6,7   # decode batches, split-K
 Shapes are Llama-3.2-1B's projections (N x K). gemm_tc is timed on bf16 activations (the kernel alone; the
 float32 -> bf16 rounding gemm_tc does first for float32 x is timed once per shape, `to_bf16`), launches captured
 in one CUDA graph and replayed (sweep_gemv.time_in_graph), each launch on another copy of the weights while
 they are small enough for copies to exceed the L2. Every variant's output is checked first against numpy
 float64 on 64 rows x 256 columns: `err/bound` is the worst error over gemm_tc's stated bound (<= 1 passes).
-The last lines give each shape's best tile and the tile with the best geometric mean over all cases.
+The last lines give each shape's best tile (x splits), what the plan picks (gemm_tc.tile_for, split_for) and its
+time beside the best, and the tile with the best geometric mean over all cases. `--splits`: every tile at each of
+those split-K splits (those past K's slices skipped); splits 1 is the one-pass kernel.
 """
 import argparse
 import math
@@ -46,9 +50,11 @@ def main():
     parser.add_argument("--shapes", default="qkv,o_proj,gate_up,down")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tiles", default="all", help="'all', 'default', or indices into TILES (comma-separated)")
+    parser.add_argument("--splits", default="1", help="split-K splits to time each tile at (comma-separated)")
     args = parser.parse_args()
     from kernels_numba.common import cuda
-    from kernels_numba.gemm_tc import DEFAULT_TILE, TileShape, gemm_tc, gemm_tc_kernel, to_bf16_rows
+    from kernels_numba.gemm_tc import (DEFAULT_TILE, TileShape, gemm_tc, gemm_tc_kernel, split_for, tile_for,
+                                       to_bf16_rows)
     from kernels_numba.matmul import gemm_blocked
     from sweep_gemv import time_in_graph
     if args.tiles == "default":
@@ -69,7 +75,8 @@ def main():
     except ImportError:
         torch_cuda = False
     rng = np.random.default_rng(0)
-    rows_out, best, scores = [], {}, {tile: [] for tile in tiles}
+    split_counts = [int(s) for s in args.splits.split(",")]
+    rows_out, best, scores, plan, best_one_pass = [], {}, {}, {}, {}
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         weight_bytes = n * k * 2
@@ -88,18 +95,29 @@ def main():
             sample_cols = np.sort(rng.choice(n, size=min(n, 256), replace=False))
             seconds = time_in_graph(lambda i: to_bf16_rows(x, x_bits), args.repeats)
             print(f"{name} {n}x{k} M={m}: to_bf16 {seconds * 1e6:.1f} us", flush=True)
-            for tile in tiles:
+            plan_tile = tile_for(m, n)
+            plan[name, m] = (plan_tile, split_for(m, n, k, plan_tile))
+            variants = [(tile, splits) for tile in tiles for splits in split_counts if splits <= -(-k // tile.block_k)]
+            if plan[name, m] not in variants:
+                variants.append(plan[name, m])
+            for tile, splits in variants:
                 out.copy_to_device(np.full((m, n), np.nan, np.float32))
-                gemm_tc(x_bits, weights[0], out, tile=tile)
+                gemm_tc(x_bits, weights[0], out, tile=tile, splits=splits)
                 ratio = check(out.copy_to_host()[sample_rows], x_bits_host, w_host, sample_rows, sample_cols)
-                seconds = time_in_graph(lambda i: gemm_tc(x_bits, weights[i % copies], out, tile=tile), args.repeats)
+                seconds = time_in_graph(lambda i: gemm_tc(x_bits, weights[i % copies], out, tile=tile, splits=splits),
+                                        args.repeats)
                 tflops = flops / seconds / 1e12
                 label = "gemm_tc " + ",".join(str(v) for v in (tile.block_m, tile.block_n, tile.block_k, tile.warps_m,
                                                                  tile.warps_n, tile.stages))
+                label += f" splits {splits}" if len(split_counts) > 1 or splits > 1 else ""
                 rows_out.append((name, m, label, seconds * 1e6, tflops, ratio))
-                scores[tile].append(tflops)
+                scores.setdefault((tile, splits), []).append(tflops)
                 if ratio <= 1 and tflops > best.get((name, m), (0, None))[0]:
-                    best[name, m] = (tflops, tile)
+                    best[name, m] = (tflops, (tile, splits))
+                if ratio <= 1 and splits == 1 and seconds < best_one_pass.get((name, m), math.inf):
+                    best_one_pass[name, m] = seconds
+                if (tile, splits) == plan[name, m]:
+                    plan[name, m] += (seconds,)
                 print(f"  {label}: {seconds * 1e6:.1f} us, {tflops:.1f} TFLOP/s, err/bound {ratio:.3f}"
                       f"{'' if ratio <= 1 else '  FAIL'}", flush=True)
             seconds = time_in_graph(lambda i: gemm_blocked(x, weights[i % copies], out), args.repeats)
@@ -125,12 +143,19 @@ def main():
     for r in rows_out:
         print(f"{r[0]} {r[1]} {r[2]} {r[3]:.1f} {r[4]:.1f} {r[5]:.3f}")
     print()
-    for (name, m), (tflops, tile) in best.items():
-        print(f"best {name} M={m}: {tflops:.1f} TFLOP/s with {tile}")
-    means = {tile: math.exp(np.mean(np.log(s))) for tile, s in scores.items() if s}
+    for (name, m), (tflops, (tile, splits)) in best.items():
+        n, k = SHAPES[name]
+        best_us = 2.0 * m * n * k / tflops / 1e6
+        plan_tile, plan_splits, plan_seconds = plan[name, m]
+        print(f"best {name} M={m}: {tflops:.1f} TFLOP/s ({best_us:.1f} us) with {tile} splits {splits}; the plan's "
+              f"{plan_tile} splits {plan_splits}: {plan_seconds * 1e6:.1f} us ({best_us / plan_seconds / 1e6:.0%} of "
+              f"the best's speed)" + (f"; the best one-pass (splits 1): {best_one_pass[name, m] * 1e6:.1f} us"
+                                       if (name, m) in best_one_pass and splits > 1 else ""))
+    scores = {key: s for key, s in scores.items() if len(s) == max(len(v) for v in scores.values())}  # every case
+    means = {key: math.exp(np.mean(np.log(s))) for key, s in scores.items() if s}
     if means:
         top = max(means, key=means.get)
-        print(f"best geometric mean over all cases: {means[top]:.1f} TFLOP/s with {top}")
+        print(f"best geometric mean over all cases: {means[top]:.1f} TFLOP/s with {top[0]} splits {top[1]}")
     failed = [r for r in rows_out if not r[5] <= 1 and not math.isnan(r[5])]
     print("correctness: " + ("PASS (every variant within its bound)" if not failed else f"FAIL ({len(failed)} cases)"))
     return 1 if failed else 0

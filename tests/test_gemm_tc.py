@@ -128,6 +128,28 @@ def test_gemm_tc_model_shapes_on_the_gpu(rng, m, n, k):
     _assert_within_bound(got, x, w_bits, columns)
 
 
+@pytest.mark.skipif(SIMULATOR, reason="GPU only (TINYVLLM_TEST_GPU=1): full-size shapes")
+@pytest.mark.parametrize("n, k", [(2048, 8192), (2048, 2048), (3072, 2048), (576, 1536)])
+@pytest.mark.parametrize("m", [64, 77, 256])
+def test_split_k_at_decode_batches_on_the_gpu(rng, m, n, k):
+    """The plan's tile at split_for's splits and at 3 (uneven: 21, 21 and 22 slices of K 2048), with a
+    residual: within the bound, residual_out one float32 add more."""
+    from kernels_numba.gemm_tc import split_for, tile_for
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_bits = _model_weight(n, k)
+    residual = rng.standard_normal((m, n)).astype(np.float32)
+    tile = tile_for(m, n)
+    columns = np.sort(rng.choice(n, size=min(n, 512), replace=False))
+    for splits in sorted({split_for(m, n, k, tile), 3}):
+        out, summed = poisoned((m, n), np.float32), poisoned((m, n), np.float32)
+        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), ResidualEpilogue(cuda.to_device(residual), summed),
+                      out=out, tile=tile, splits=splits)
+        got = out.copy_to_host()
+        assert not np.isnan(got).any(), f"splits {splits}: some outputs were never written"
+        _assert_within_bound(got, x, w_bits, columns)
+        np.testing.assert_array_equal(summed.copy_to_host(), got + residual)
+
+
 def test_tile_for_picks_the_sweeps_winners():
     """Every case of the H200 sweep (docs/bench/h200-round7-sweep_tc_gemm.log): (tokens, N of the projection) -> the
     tile that won it. qkv 3072, o_proj 2048, gate_up 16384, down 2048 output features."""
@@ -139,3 +161,139 @@ def test_tile_for_picks_the_sweeps_winners():
         assert tile_for(m, n) == tile, (m, n)
     for tile in (DEFAULT_TILE, LARGE_TILE, SMALL_TILE):
         tile.check()
+
+
+# ---- split-K ----
+SPLIT_TILE = TileShape(16, 32, 16, 1, 1)  # one warp, block_k 16: a short K still has several slices to split
+
+
+def _split_bounds(k, splits, block_k):
+    """Split z's K range [begin, end), as the kernel cuts it: slices z S // splits .. (z + 1) S // splits."""
+    slices = -(-k // block_k)
+    return [(z * slices // splits * block_k, min(k, (z + 1) * slices // splits * block_k)) for z in range(splits)]
+
+
+# M 20 and N 40 end in partial tiles; K 112 is 7 slices of 16: 3 splits of 2, 2 and 3 slices, 2 of 3 and 4.
+@pytest.mark.parametrize("splits, k, residual", [(2, 128, False), (3, 112, False), (2, 112, True), (3, 112, True)])
+def test_split_k_matches_ref_within_the_bound(rng, splits, k, residual):
+    x, w_bits = _inputs(rng, 20, 40, k)
+    out = poisoned((20, 40), np.float32)
+    if residual:
+        res = rng.standard_normal((20, 40)).astype(np.float32)
+        summed = poisoned((20, 40), np.float32)
+        result = gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), ResidualEpilogue(cuda.to_device(res), summed),
+                               out=out, tile=SPLIT_TILE, splits=splits)
+        assert result.out is out and result.residual_out is summed
+    else:
+        assert gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), out, tile=SPLIT_TILE, splits=splits) is out
+    got = out.copy_to_host()
+    _assert_within_bound(got, x, w_bits)  # splits - 1 more float32 adds: still within K 2^-23 sum |x w|
+    if residual:
+        np.testing.assert_array_equal(summed.copy_to_host(), got + res)  # one float32 add, as without split-K
+
+
+def test_split_k_is_the_in_order_sum_of_each_splits_gemm(rng, monkeypatch):
+    """Bit for bit: split z's partial is gemm_tc (one pass) over its K range; the reduce adds them in split order
+    (((p0 + p1) + p2), float32). Two runs agree bit for bit (no atomics), the second on the workspace a
+    BufferArena recorded in the first (as a captured CUDA graph replays it)."""
+    import kernels_numba.gemm_tc as gemm_tc_module
+    from kernels_numba.common import BufferArena, launching_into
+    k, splits = 112, 3
+    x, w_bits = _inputs(rng, 20, 40, k)
+    x_bits = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    arena, runs = BufferArena(), []
+    for _ in range(2):
+        out = poisoned((20, 40), np.float32)
+        with launching_into(0, arena):
+            runs.append(gemm_tc(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=SPLIT_TILE,
+                                splits=splits).copy_to_host())
+        arena.rewind()
+    assert [(b.shape, b.dtype) for b in arena.buffers] == [((splits * 20, 40), np.float32)]  # the workspace
+    np.testing.assert_array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
+
+    def no_split_k(*args, **kwargs):
+        raise AssertionError("splits=1 allocated a workspace or launched the reduce")
+    monkeypatch.setattr(gemm_tc_module, "device_empty", no_split_k)  # splits=1: today's one launch, nothing else
+    monkeypatch.setattr(gemm_tc_module, "sum_splits_kernel", no_split_k)
+    want = None
+    for begin, end in _split_bounds(k, splits, SPLIT_TILE.block_k):
+        part = poisoned((20, 40), np.float32)
+        gemm_tc(cuda.to_device(np.ascontiguousarray(x_bits[:, begin:end])),
+                cuda.to_device(np.ascontiguousarray(w_bits[:, begin:end])), part, tile=SPLIT_TILE, splits=1)
+        want = part.copy_to_host() if want is None else want + part.copy_to_host()
+    np.testing.assert_array_equal(runs[0].view(np.uint32), want.view(np.uint32))
+
+
+def test_sum_splits_adds_in_split_order(rng):
+    """The reduce alone, bit for bit against numpy's float32 sum in split order; the last column is a case where
+    the order shows: (1 + 2^-24) + 2^-24 = 1 in float32, 1 + (2^-24 + 2^-24) = 1 + 2^-23."""
+    from kernels_numba.common import grid_stride_launch
+    from kernels_numba.gemm_tc import sum_splits_kernel
+    splits, m, n = 3, 5, 7
+    partials = (rng.standard_normal((splits, m, n)) * 10.0 ** rng.integers(-4, 4, (splits, m, n))).astype(np.float32)
+    partials[:, :, -1] = np.array([1.0, 2.0**-24, 2.0**-24], np.float32)[:, None]
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    out, summed = poisoned((m, n), np.float32), poisoned((m, n), np.float32)
+    blocks, threads = grid_stride_launch(m * n)
+    sum_splits_kernel(True)[blocks, threads](cuda.to_device(partials.reshape(splits * m, n)), splits, out,
+                                             cuda.to_device(res), summed)
+    want = (partials[0] + partials[1]) + partials[2]
+    assert (want[:, -1] == 1.0).all()
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+    np.testing.assert_array_equal(summed.copy_to_host(), want + res)
+
+
+def test_gemm_tc_kernel_is_one_kernel_per_variant_however_asked():
+    """scripts/check_tc_sass.py reads the SASS of the kernel gemm_tc_fused launched: the same object."""
+    assert gemm_tc_kernel(SMALL) is gemm_tc_kernel(SMALL, False, False) is gemm_tc_kernel(SMALL, residual=False)
+    assert gemm_tc_kernel(SMALL, split=True) is gemm_tc_kernel(SMALL, False, True)
+    assert gemm_tc_kernel(SMALL, split=True) is not gemm_tc_kernel(SMALL)
+
+
+def test_gemm_tc_rejects_splits_it_cannot_run(rng):
+    x, w_bits = _inputs(rng, 4, 16, 64)  # 2 slices of 32
+    for splits in (0, 3):
+        with pytest.raises(AssertionError, match="splits"):
+            gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), tile=SMALL, splits=splits)
+
+
+def test_split_for_splits_decode_batches_and_never_prefill():
+    from kernels_numba.gemm_tc import H200_SMS, MIN_SPLIT_SLICES, SMALL_TILE, SPLIT_BLOCKS_PER_SM, split_for, tile_for
+    # Llama-3.2-1B at decode batches 64 and 256 (docs/bench/h200-round8-sweep-tc-gemm-decode.log): down_proj's 32 or
+    # 128 blocks of 64 x 64 walk 256 slices, o_proj's 64; gate_up's 128 x 128 blocks at 256 rows fill the GPU already.
+    cases = {(64, 2048, 8192): 8, (256, 2048, 8192): 2, (64, 2048, 2048): 4, (256, 2048, 2048): 2,
+             (64, 3072, 2048): 4, (256, 3072, 2048): 1, (256, 16384, 2048): 1, (64, 16384, 2048): 1}
+    for (m, n, k), splits in cases.items():
+        tile = tile_for(m, n)
+        assert split_for(m, n, k, tile) == splits, (m, n, k, tile)
+    for m, n, k in [(40, 64, 64), (300, 128, 128)]:  # the demo model: too few slices to split
+        assert split_for(m, n, k, tile_for(m, n)) == 1
+    for m in range(33, 4097, 7):  # the rule's invariants, over every row count past the GEMV crossover
+        for n, k in MODEL_SHAPES:
+            tile = tile_for(m, n)
+            splits = split_for(m, n, k, tile)
+            blocks = -(-m // tile.block_m) * -(-n // tile.block_n)
+            assert splits == 1 or -(-k // tile.block_k) >= splits * MIN_SPLIT_SLICES, (m, n, k)
+            assert splits == 1 or blocks * splits // 2 < H200_SMS * SPLIT_BLOCKS_PER_SM, (m, n, k)  # the fewest
+    # Prefill: thousands of rows stay on today's one-pass kernel, for every projection shape of MODEL_SHAPES.
+    for m in (2048, 4096, 8192):
+        for n, k in MODEL_SHAPES:
+            assert split_for(m, n, k, tile_for(m, n)) == 1, (m, n, k)
+    assert split_for(64, 2048, 8192, SMALL_TILE, sm_count=16) == 1
+
+
+def test_the_fast_plan_splits_decode_batches_on_a_gpu(monkeypatch):
+    """KernelPlan.project hands gemm_tc split_for's splits on a GPU (here pretended), 1 in the simulator."""
+    from types import SimpleNamespace
+
+    import tinyvllm.kernel_plan as kernel_plan
+    from kernels_numba.gemm_tc import SMALL_TILE
+    calls = []
+    monkeypatch.setattr(kernel_plan, "gemm_tc", lambda x, w, tile, splits: calls.append((tile, splits)))
+    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4)
+    x, w_down = SimpleNamespace(shape=(256, 8192)), SimpleNamespace(shape=(2048, 8192))  # down_proj, batch 256
+    plan.project(x, w_down)
+    monkeypatch.setattr(kernel_plan, "SIMULATOR", False)
+    plan.project(x, w_down)
+    plan.project(SimpleNamespace(shape=(4096, 8192)), w_down)  # prefill
+    assert calls == [(kernel_plan.SIMULATOR_TILE, 1), (SMALL_TILE, 2), (kernel_plan.tc_tile(4096, 2048), 1)]

@@ -20,6 +20,8 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 | attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
 | attention, decode-only steps                 | decode_gqa, flash_decode (simulator: per_query): both precisions  |
 
+At decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not fill the SMs (tc_splits:
+o_proj and down_proj of the 1B model at 64-256 rows); prefill GEMMs run in one pass.
 tc_min_rows() is the GEMV crossover: the fused GEMVs serve decode steps up to FAST_GEMV_MAX_TOKENS rows on a GPU
 (at most matmul.MAX_COALESCED_TOKENS, where fp32 hands over to gemm_blocked), the tensor cores the rest; in the
 simulator every projection of 2 or more rows takes them (so the demo model's prefill runs the fast kernels there,
@@ -91,6 +93,12 @@ def tc_tile(rows: int, out_features: int) -> TileShape:
 FAST_GEMV_MAX_TOKENS = int(os.environ.get("TINYVLLM_FAST_GEMV_MAX_TOKENS", 2))
 
 
+def tc_splits(rows: int, out_features: int, in_features: int, tile: TileShape) -> int:
+    """gemm_tc's split-K for that GEMM: gemm_tc.split_for's choice on a GPU (decode batches whose blocks do not fill
+    the SMs), 1 in the simulator (one block at a time: splitting only adds a launch)."""
+    return 1 if SIMULATOR else _gemm_tc.split_for(rows, out_features, in_features, tile)
+
+
 def tc_min_rows() -> int:
     """The fewest rows a projection takes to the tensor cores: past the fast plan's GEMV crossover on a GPU."""
     return 2 if SIMULATOR else min(FAST_GEMV_MAX_TOKENS, _matmul.MAX_COALESCED_TOKENS) + 1
@@ -128,7 +136,8 @@ class KernelPlan:
     def project(self, x, w):
         """y = x @ W.T with the kernel projection_name names (x float32 or, for gemm_tc, uint16 bf16 bits)."""
         if self.uses_tensor_cores(x.shape[0], x.shape[1]):
-            return gemm_tc(x, w, tile=tc_tile(x.shape[0], w.shape[0]))
+            tile = tc_tile(x.shape[0], w.shape[0])
+            return gemm_tc(x, w, tile=tile, splits=tc_splits(x.shape[0], w.shape[0], x.shape[1], tile))
         return _matmul.linear(x, w)
 
     def swiglu_name(self, rows: int, intermediate: int) -> str:
