@@ -84,10 +84,11 @@ H200_SMS = 132
 
 def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> TileShape:
     """The largest tile that still keeps every SM busy: the sweep's winner in each of its 12 cases (a 128 x 128
-    tile at 192 blocks lost to 64 x 128 at 384; 64 x 128 at 48 blocks lost to 64 x 64 at 96)."""
+    tile at 192 blocks lost to 64 x 128 at 384; 64 x 128 at 48 blocks lost to 64 x 64 at 96) and at decode's 256
+    rows (docs/bench/h200-round8-sweep-tc-gemm-decode.log: gate|up, 128 x 128 at 256 blocks 92 us, 64 x 128 121)."""
     def blocks(tile: TileShape) -> int:
         return cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
-    if blocks(LARGE_TILE) >= 2 * sm_count:
+    if 10 * blocks(LARGE_TILE) >= 19 * sm_count:  # 1.9 waves: 256 blocks won, 192 lost
         return LARGE_TILE
     if blocks(DEFAULT_TILE) >= sm_count:
         return DEFAULT_TILE

@@ -13,13 +13,12 @@ while the prompt's blocks are still in the prefix cache, and memory stays flat o
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..gc_control import without_cyclic_gc
 from ..sampling_params import SamplingParams
 from .scoring import ContinuationTrie
 
@@ -144,21 +143,3 @@ class EngineBackend:
                 "prefix_cache_query_tokens": bm.prefix_query_tokens, "engine_steps": self.engine.num_steps}
 
 
-@contextlib.contextmanager
-def without_cyclic_gc():
-    """No cyclic garbage collection while the engine scores. Its full collections walk every object alive (the
-    questions, every prompt's token ids: millions) again and again, and its young ones run every few hundred
-    allocations; scripts/eval_profile.py measured them at over half the host time of scoring. Nothing piles up
-    meanwhile: the engine's per-request objects hold no reference cycles (release_request breaks the request <->
-    sequence one; tests/test_eval_engine.py checks), so reference counting frees them. (HTTP clients give no such
-    promise: the remote and HF backends keep the collector on.) Afterwards it runs as before over everything,
-    the objects frozen here included."""
-    enabled = gc.isenabled()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-        gc.unfreeze()
