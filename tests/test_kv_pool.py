@@ -26,7 +26,7 @@ def test_usable_blocks_are_every_sequence_at_full_length_plus_one_with_prefix_ca
 
 
 def test_memory_caps_what_the_configuration_could_use(model, monkeypatch):
-    monkeypatch.setattr(kv_pool, "blocks_that_fit", lambda config, block_size, fraction, dtype: 50)
+    monkeypatch.setattr(kv_pool, "blocks_that_fit", lambda config, block_size, fraction, dtype, reserved_bytes: 50)
     num_blocks, why = default_num_blocks(model.config, 16, 8, 2048, True, 0.5)
     where = "the simulator's default" if kv_pool.SIMULATOR else "0.5 of free GPU memory"
     assert num_blocks == 50
