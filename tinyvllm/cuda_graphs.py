@@ -9,7 +9,7 @@ step once and replays it with one launch. What a graph bakes in (vLLM's and nano
 - every launch configuration: a batch of B decodes runs in the graph of the smallest bucket >= B, the
   extra rows padded with a dummy query (token 0 at position 0, reading block 0, writing no KV: slot -1)
   whose logits nobody reads; block tables are padded to the model's longest context.
-Only decode-only steps use graphs; steps with prefill chunks run eagerly (their shapes vary).
+This module replays decode-only steps; prefill_graphs.py the others (token buckets, padded query tiles).
 
 Pipelining (`launch`): at batch 1 the GPU runs a decode step in ~1.7 ms and the host spends ~0.5 ms between
 steps (reading the token back, stop rules, scheduling, packing the next inputs); waiting for each other, the
