@@ -11,8 +11,9 @@ kernels' per-row math does not depend on the other rows, so graph and eager agre
 import numpy as np
 import pytest
 
-from kernels_numba.kv_dtype import kv_encode_ref
 from kernels_numba.common import LayerArena, SharedStorage, begin_layer, device_empty, launching_into
+from kernels_numba.kv_dtype import kv_encode_ref
+from kernels_numba.matmul import MAX_COALESCED_TOKENS
 from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.kv_pool import KVPool
 from tinyvllm.model import load_model
@@ -158,8 +159,11 @@ def test_layer_arena_alternates_two_sets_and_buckets_share_storage():
 
 
 def test_buckets_end_at_the_step_budget():
-    assert prefill_buckets_up_to(512)[:3] == (128, 192, 256) and prefill_buckets_up_to(512)[-1] == 512
-    assert prefill_buckets_up_to(100) == (100,)
+    assert prefill_buckets_up_to(512)[:5] == (16, 32, 64, 128, 192) and prefill_buckets_up_to(512)[-1] == 512
+    assert prefill_buckets_up_to(100) == (16, 32, 64, 100) and prefill_buckets_up_to(10) == (10,)
+    # a short step's bucket runs the kernels its eager step runs: the fused-GEMV layer up to 32 tokens on a GPU
+    assert all((b <= MAX_COALESCED_TOKENS) == (t <= MAX_COALESCED_TOKENS)
+               for t in range(1, 513) for b in [next(b for b in prefill_buckets_up_to(512) if b >= t)])
 
 
 def test_engine_with_prefill_graphs_matches_eager_greedy(model):

@@ -29,7 +29,9 @@ from .config import ModelConfig
 from .cuda_graphs import BucketGraphs, CapturedStep
 from .model_runner import DeviceBatch, ForwardBatch, ModelRunner, drain, pack_int32, unpack
 
-PREFILL_BUCKETS = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+# Up to 32 tokens (MAX_COALESCED_TOKENS) a GPU step runs the fused-GEMV layer, beyond it gemm_tc / gemm_blocked: the
+# buckets 16 and 32 keep short prompts on the kernels their eager step runs (the same results), 64 and up the others.
+PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 
 
 def prefill_buckets_up_to(max_tokens: int) -> tuple[int, ...]:
