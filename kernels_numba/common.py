@@ -258,8 +258,8 @@ class BufferArena:
 
 class LayerArena(BufferArena):
     """A BufferArena that reuses memory across layers: layer i's buffers come from set i % 2 (what runs before
-    layer 0, the embedding, from set 1), the k-th buffer of a dtype a layer takes being the same storage in every
-    layer of its set. Layer i + 1 reads only layer i's outputs (its residual h and normed x), never layer i - 1's,
+    begin_layer(0), the embedding and layer 0's input norm, from set 1), the k-th buffer of a dtype a layer takes
+    being the same storage in every layer of its set. Layer i + 1 reads only layer i's outputs (its residual h and normed x), never layer i - 1's,
     so it may overwrite all of set (i + 1) % 2. The storage (SharedStorage) may serve several arenas whose steps
     never run at the same time (prefill graphs replayed one after another on one stream): a buffer is a view of the
     first elements of a flat array, grown (a new array; views of the old one keep it alive) when a step needs more.

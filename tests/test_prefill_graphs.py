@@ -168,16 +168,19 @@ def test_buckets_end_at_the_step_budget():
                for t in range(1, 513) for b in [next(b for b in prefill_buckets_up_to(512) if b >= t)])
 
 
-def test_engine_with_prefill_graphs_matches_eager_greedy(model):
+def test_engine_with_prefill_graphs_matches_eager_tokens_and_logprobs(model):
     prompts = ["The sun rose over the quiet hills and the river", "A small dog ran", "Water is wet"]
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    # prompt logprobs: logits for many rows of a chunk (the LM head runs after the replay, on any number of rows)
+    params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2, prompt_logprobs=2),
+              greedy, greedy]
 
     def run(graphs: bool):
         # a 10-token step budget: chunked prompts, prompts beside decodes
         config = EngineConfig(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=10,
                               cuda_graphs=False, prefill_graphs=graphs)
         engine = LLMEngine(model, config, log=lambda message: None)
-        return engine, [o.token_ids for o in engine.generate(prompts, params)]
+        return engine, [(o.token_ids, o.logprobs, o.prompt_logprobs) for o in engine.generate(prompts, params)]
 
     eager_engine, eager = run(False)
     graphed_engine, graphed = run(True)
