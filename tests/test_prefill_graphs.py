@@ -176,14 +176,15 @@ def test_engine_with_prefill_graphs_matches_eager_tokens_and_logprobs(model):
               greedy, greedy]
 
     def run(graphs: bool):
-        # a 10-token step budget: chunked prompts, prompts beside decodes
+        # a 10-token step budget: chunked prompts, prompts beside decodes; prefill_graphs follows cuda_graphs, so
+        # with graphs every step replays one (decode-only ones: DecodeGraphs, pipelined)
         config = EngineConfig(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=10,
-                              cuda_graphs=False, prefill_graphs=graphs)
+                              cuda_graphs=graphs)
         engine = LLMEngine(model, config, log=lambda message: None)
         return engine, [(o.token_ids, o.logprobs, o.prompt_logprobs) for o in engine.generate(prompts, params)]
 
     eager_engine, eager = run(False)
     graphed_engine, graphed = run(True)
-    assert eager_engine.prefill_graphs is None
-    assert graphed_engine.prefill_graphs.captured_buckets == [10]
+    assert eager_engine.prefill_graphs is None and eager_engine.decode_graphs is None
+    assert graphed_engine.prefill_graphs.captured_buckets == [10] and graphed_engine.decode_graphs.captured_buckets
     assert graphed == eager

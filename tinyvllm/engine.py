@@ -61,7 +61,7 @@ class EngineConfig:
     batching: str = "continuous"          # or "static": a batch runs to completion before the next
     cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
     prefill_graphs: bool | None = None    # replay steps with prefill chunks from CUDA graphs (prefill_graphs.py);
-    #                                       None: on a GPU only
+    #                                       None: as cuda_graphs (so on a GPU only, unless that is set)
     pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
     #                                       previous one's tokens back (see _InFlight)
     kv_cache_dtype: str = "auto"          # "float32", "bfloat16" (kv_pool.KVPool), or "auto": bfloat16 with the
@@ -188,7 +188,8 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
         self.precision = resolve_precision(config.precision, self.model.weights.embed_tokens.dtype)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.precision)
-        use_prefill_graphs = (not SIMULATOR) if config.prefill_graphs is None else config.prefill_graphs
+        use_graphs = (not SIMULATOR) if config.cuda_graphs is None else config.cuda_graphs
+        use_prefill_graphs = use_graphs if config.prefill_graphs is None else config.prefill_graphs
         # the prefill graphs' activations stay allocated: the KV pool leaves room for them
         graph_bytes = activation_bytes_per_token(c) * config.max_num_batched_tokens if use_prefill_graphs else 0
         num_blocks, why = config.num_blocks, "as configured"
@@ -203,7 +204,6 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
-        use_graphs = (not SIMULATOR) if config.cuda_graphs is None else config.cuda_graphs
         max_blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self.decode_graphs = (DecodeGraphs(self.runner, config.max_num_seqs, max_blocks_per_seq, log=log)
                               if use_graphs else None)
