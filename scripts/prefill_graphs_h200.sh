@@ -15,12 +15,12 @@ export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore XDG_CACHE_HOME=${XDG_CACHE_HOME:
 unset NUMBA_ENABLE_CUDASIM NUMBA_CACHE_DIR TINYVLLM_KERNEL_CACHE_DIR
 MODEL=/tmp/llama-1b-random
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia-smi.log" 2>&1
-TINYVLLM_TEST_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/test_prefill_graphs.py \
+TINYVLLM_TEST_GPU=1 timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 tests/test_prefill_graphs.py \
   tests/test_prefill_tc.py tests/test_cuda_graphs.py > "$OUT/gpu_tests_prefill_graphs.log" 2>&1
 TESTS_RC=$?
 python3 -c "from pathlib import Path; from tinyvllm.bench import prepare_random_model; prepare_random_model(Path('$MODEL'))" \
   > "$OUT/random_model.log" 2>&1 || { echo "random model failed"; tail "$OUT/random_model.log"; exit 1; }
-timeout 150 python3 scripts/time_prefill_graphs.py --model-dir "$MODEL" --precision fast > "$OUT/time_prefill_graphs_fast.log" 2>&1
+timeout 180 python3 scripts/time_prefill_graphs.py --model-dir "$MODEL" --precision fast > "$OUT/time_prefill_graphs_fast.log" 2>&1
 FAST_RC=$?
 timeout 120 python3 scripts/time_prefill_graphs.py --model-dir "$MODEL" --precision fp32 > "$OUT/time_prefill_graphs_fp32.log" 2>&1
 FP32_RC=$?
