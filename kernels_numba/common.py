@@ -256,6 +256,55 @@ class BufferArena:
         return sum(b.size * b.dtype.itemsize for b in self.buffers)
 
 
+class LayerArena(BufferArena):
+    """A BufferArena that reuses memory across layers: layer i's buffers come from set i % 2 (what runs before
+    begin_layer(0), the embedding and layer 0's input norm, from set 1), the k-th buffer of a dtype a layer takes
+    being the same storage in every layer of its set. Layer i + 1 reads only layer i's outputs (its residual h and normed x), never layer i - 1's,
+    so it may overwrite all of set (i + 1) % 2. The storage (SharedStorage) may serve several arenas whose steps
+    never run at the same time (prefill graphs replayed one after another on one stream): a buffer is a view of the
+    first elements of a flat array, grown (a new array; views of the old one keep it alive) when a step needs more.
+    The forward pass marks each layer's start with begin_layer(i). Zeroed buffers (counters) are never shared."""
+
+    def __init__(self, storage: "SharedStorage"):
+        super().__init__()
+        self.storage = storage
+        self._set, self._counts = 1, {}
+
+    def begin_layer(self, i: int) -> None:
+        self._set, self._counts = i % 2, {}
+
+    def take(self, shape, dtype, zeroed: bool = False):
+        if self._next is not None or zeroed:
+            return super().take(shape, dtype, zeroed)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        kind = (self._set, np.dtype(dtype).str)
+        index = self._counts[kind] = self._counts.get(kind, -1) + 1
+        buffer = self.storage.view((*kind, index), shape, dtype)
+        self.buffers.append(buffer)
+        return buffer
+
+
+class SharedStorage:
+    """Flat device arrays by key, handed out as views of their first elements (LayerArena's storage)."""
+
+    def __init__(self):
+        self._flat: dict = {}
+
+    def view(self, key, shape: tuple, dtype):
+        size = int(np.prod(shape))
+        flat = self._flat.get(key)
+        if flat is None or flat.size < size:
+            flat = self._flat[key] = cuda.device_array(size, dtype)
+            if SIMULATOR:  # poisoned (every byte 0xFF: NaN in float32): an element read before written shows
+                flat.copy_to_device(np.full(size * np.dtype(dtype).itemsize, 0xFF, np.uint8).view(dtype))
+        return flat[:size].reshape(shape)
+
+    @property
+    def bytes(self) -> int:
+        """What the current arrays hold (outgrown ones live on while a graph that baked them in does)."""
+        return sum(f.size * f.dtype.itemsize for f in self._flat.values())
+
+
 class _LaunchTarget(threading.local):
     stream = 0                          # 0: the default stream; a cuda.core GraphBuilder while capturing
     buffers: BufferArena | None = None  # where launchers' outputs come from; None: fresh allocations
@@ -283,6 +332,12 @@ def device_zeros(shape, dtype):
     if _target.buffers is None:
         return cuda.to_device(np.zeros(shape, dtype))
     return _target.buffers.take(shape, dtype, zeroed=True)
+
+
+def begin_layer(i: int) -> None:
+    """The forward pass starts layer i: tells the current arena (a LayerArena reuses buffers by layer)."""
+    if _target.buffers is not None and hasattr(_target.buffers, "begin_layer"):
+        _target.buffers.begin_layer(i)
 
 
 @contextmanager

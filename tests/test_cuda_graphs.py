@@ -26,6 +26,8 @@ def model():
 
 
 def engine(model, **options) -> LLMEngine:
+    """An engine whose steps with prefill chunks run eagerly unless asked (test_prefill_graphs tests those)."""
+    options = {"prefill_graphs": False, **options}
     return LLMEngine(model, EngineConfig(num_blocks=64, block_size=4, **options), log=lambda message: None)
 
 

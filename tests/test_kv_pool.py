@@ -26,13 +26,28 @@ def test_usable_blocks_are_every_sequence_at_full_length_plus_one_with_prefix_ca
 
 
 def test_memory_caps_what_the_configuration_could_use(model, monkeypatch):
-    monkeypatch.setattr(kv_pool, "blocks_that_fit", lambda config, block_size, fraction, dtype: 50)
+    monkeypatch.setattr(kv_pool, "blocks_that_fit", lambda config, block_size, fraction, dtype, reserved_bytes: 50)
     num_blocks, why = default_num_blocks(model.config, 16, 8, 2048, True, 0.5)
     where = "the simulator's default" if kv_pool.SIMULATOR else "0.5 of free GPU memory"
     assert num_blocks == 50
     assert why == f"capped by {where}; 8 sequences x 2048 tokens + 1 for prefix caching would use {9 * 128}"
     num_blocks, why = default_num_blocks(model.config, 16, 2, 64, False, 0.5)
     assert num_blocks == 2 * 4 and why == "2 sequences x 64 tokens"
+
+
+def test_memory_fraction_leaves_the_reserved_bytes_free(model, monkeypatch):
+    # The prefill CUDA graphs' activations (EngineConfig.prefill_graphs) stay allocated beside the pool: a GPU with
+    # 1,000 blocks' worth free (a stand-in for the driver's answer).
+    per_block = bytes_per_block(model.config, 16)
+    context = types.SimpleNamespace(get_memory_info=lambda: (1000 * per_block, 4000 * per_block))
+    monkeypatch.setattr(kv_pool, "SIMULATOR", False)
+    monkeypatch.setattr(kv_pool, "cuda", types.SimpleNamespace(current_context=lambda: context))
+    assert blocks_that_fit(model.config, 16, 0.5) == 500
+    assert blocks_that_fit(model.config, 16, 0.5, reserved_bytes=300 * per_block) == 500  # the other half holds it
+    assert blocks_that_fit(model.config, 16, 0.9, reserved_bytes=300 * per_block) == 700
+    assert blocks_that_fit(model.config, 16, 0.9, reserved_bytes=2000 * per_block) == 0
+    _, why = default_num_blocks(model.config, 16, 100, 2048, False, 0.9, reserved_bytes=300 * per_block)
+    assert why.startswith("capped by 0.9 of free GPU memory, ") and "GiB left for prefill graphs" in why
 
 
 def test_an_engine_without_num_blocks_gets_what_it_can_use_and_logs_why(model):

@@ -1,11 +1,14 @@
 """paged_attention_prefill_tc (FlashAttention-2 on tensor cores) against float64 attention on the same bf16-rounded
 q * scale, K and V, over test_paged_attention's steps (shuffled block tables, poisoned pool entries nobody wrote)."""
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels_numba.attention import paged_attention_ref
-from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
+from kernels_numba.attention import (PrefillTiles, gqa_shape, max_prefill_tiles, paged_attention_prefill_gqa,
+                                     paged_attention_ref, prefill_tiles_host)
+from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc, tc_queries_per_tile
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
 from tests.test_paged_attention import LOG_F32_MAX, _gather, _scenario, _step, _stretch, _write
@@ -102,3 +105,42 @@ def test_prefill_tc_rejects_unfit_shapes(rng):
     pool = cuda.to_device(np.ones((1, 4, 1, 16), np.float32))
     with pytest.raises(AssertionError, match="does not fit"):
         paged_attention_prefill_tc(q, pool, pool, table, ones, ones, 1.0, warps=1)
+
+
+@pytest.mark.parametrize("kernel", ["tc", "gqa"])
+def test_prefill_kernels_skip_empty_tiles_and_rows_in_no_tile(rng, kernel):
+    # A prefill CUDA graph launches a fixed grid: the step's tiles padded with empty ones (no tokens, key_len 0), in
+    # any order, and its padding rows (past the step's tokens) in no tile. The real rows get exactly the unpadded
+    # launch's output bits (checked against the reference by the tests above); the padding rows stay poisoned.
+    block_size, n_heads, n_kv_heads, head_dim = TC_LAYOUTS[1]
+    group = n_heads // n_kv_heads
+    step = _step(rng, _scenario("chunked", block_size), block_size, n_heads, n_kv_heads, head_dim)
+    d_k_pool, d_v_pool, _, _ = _write(step)
+    num_tokens, extra = len(step.q), 3
+    queries = tc_queries_per_tile(group, 1) if kernel == "tc" else gqa_shape(head_dim, group)[0]
+    launch = (functools.partial(paged_attention_prefill_tc, warps=1, keys_per_tile=16) if kernel == "tc"
+              else paged_attention_prefill_gqa)
+    scale = 1.0 / np.sqrt(head_dim)
+    tables = cuda.to_device(step.block_tables)
+
+    def run(q, query_seq, query_pos, tiles):
+        out = poisoned(q.shape, np.float32)
+        launch(cuda.to_device(q), d_k_pool, d_v_pool, tables, cuda.to_device(query_seq), cuda.to_device(query_pos),
+               scale, out=out, tiles=tiles)
+        return out.copy_to_host()
+
+    seq, tokens, positions, key_len = prefill_tiles_host(step.query_seq, step.query_pos, queries)
+    plain = run(step.q, step.query_seq, step.query_pos,
+                PrefillTiles(*map(cuda.to_device, (seq, tokens, positions, key_len)), len(seq)))
+    num_tiles = max_prefill_tiles(num_tokens + extra, 8, queries)  # sized for up to 8 sequences
+    padded = prefill_tiles_host(step.query_seq, step.query_pos, queries, num_tiles)
+    assert num_tiles - len(seq) >= 3, "too few empty tiles to show anything"
+    order = rng.permutation(num_tiles)  # empty tiles between and before the real ones
+    padded = [a[order] for a in padded]
+    q = np.concatenate([step.q, rng.standard_normal((extra, n_heads, head_dim)).astype(np.float32)])
+    query_seq = np.concatenate([step.query_seq, np.zeros(extra, np.int32)])
+    query_pos = np.concatenate([step.query_pos, np.zeros(extra, np.int32)])
+    got = run(q, query_seq, query_pos, PrefillTiles(*map(cuda.to_device, padded), num_tiles))
+    assert np.isfinite(plain).all()
+    np.testing.assert_array_equal(got[:num_tokens].view(np.uint32), plain.view(np.uint32))
+    assert np.isnan(got[num_tokens:]).all(), "a kernel wrote a row that is in no tile"

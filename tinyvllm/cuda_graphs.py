@@ -9,7 +9,7 @@ step once and replays it with one launch. What a graph bakes in (vLLM's and nano
 - every launch configuration: a batch of B decodes runs in the graph of the smallest bucket >= B, the
   extra rows padded with a dummy query (token 0 at position 0, reading block 0, writing no KV: slot -1)
   whose logits nobody reads; block tables are padded to the model's longest context.
-Only decode-only steps use graphs; steps with prefill chunks run eagerly (their shapes vary).
+This module replays decode-only steps; prefill_graphs.py the others (token buckets, padded query tiles).
 
 Pipelining (`launch`): at batch 1 the GPU runs a decode step in ~1.7 ms and the host spends ~0.5 ms between
 steps (reading the token back, stop rules, scheduling, packing the next inputs); waiting for each other, the
@@ -40,7 +40,48 @@ def buckets_up_to(max_batch: int) -> tuple[int, ...]:
     return tuple(b for b in BUCKETS if b < max_batch) + (max_batch,)
 
 
-class CapturedDecode:
+class CapturedStep:
+    """A forward step over static input buffers: recorded once (every output buffer from `arena`), then, on a GPU,
+    captured as a CUDA graph and replayed; in the simulator re-run over the same buffers. Subclasses say what one
+    pass launches (`_launch`, returning the step's output device array)."""
+
+    def _record(self, arena: BufferArena) -> None:
+        self._arena = arena
+        self.output = self._forward(0)  # eager: compiles every kernel, records every buffer
+        cuda.synchronize()
+        self._graph = None if SIMULATOR else self._capture()
+
+    def _launch(self):
+        raise NotImplementedError
+
+    def _forward(self, stream):
+        """One pass launched on `stream`, its outputs from the arena (recorded the first time, the same after)."""
+        recorded = bool(self._arena.buffers)
+        if recorded:
+            self._arena.rewind()
+        with cuda.defer_cleanup(), launching_into(stream, self._arena):
+            output = self._launch()
+        assert not recorded or output is self.output, "the step wrote its output somewhere else"
+        return output
+
+    def _capture(self):
+        from cuda.core import Device, Stream
+        Device().set_current()
+        self._stream = Stream.from_handle(0)  # the legacy default stream: ordered with every other launch
+        builder = Device().create_graph_builder()
+        builder.begin_building()
+        self._forward(builder)
+        return builder.end_building().complete()
+
+    def _replay(self) -> None:
+        """The recorded pass again, over whatever the static inputs hold now."""
+        if self._graph is not None:
+            self._graph.launch(self._stream)
+        else:
+            self._forward(0)
+
+
+class CapturedDecode(CapturedStep):
     """The decode step for exactly `bucket` rows, over static input buffers, recorded (and, on a GPU,
     captured as a CUDA graph)."""
 
@@ -61,32 +102,15 @@ class CapturedDecode:
         self._batch = DeviceBatch(token_ids, positions, query_seq, slots, tables, decode_only=True,
                                   fed_back=self.greedy_ids)
         assert tables.shape == (B, W)
-        self._arena = BufferArena()
-        self.logits = self._forward(0)  # eager: compiles every kernel, records every buffer
-        cuda.synchronize()
-        self._graph = None if SIMULATOR else self._capture()
+        self._record(BufferArena())
+        self.logits = self.output
 
-    def _forward(self, stream):
-        """The forward pass over the static inputs and each row's argmax, launched on `stream`, their outputs
-        from the arena (recorded the first time, the same buffers after). The argmax is part of the graph so
+    def _launch(self):
+        """The forward pass over the static inputs and each row's argmax. The argmax is part of the graph so
         that an all-greedy step launches nothing else (from Python, a launch costs more than the kernel)."""
-        recorded = bool(self._arena.buffers)
-        if recorded:
-            self._arena.rewind()
-        with cuda.defer_cleanup(), launching_into(stream, self._arena):
-            logits = self.runner.device_forward(self._batch)
-            argmax(logits, out=self.greedy_ids)
-        assert not recorded or logits is self.logits, "the step wrote its logits somewhere else"
+        logits = self.runner.device_forward(self._batch)
+        argmax(logits, out=self.greedy_ids)
         return logits
-
-    def _capture(self):
-        from cuda.core import Device, Stream
-        Device().set_current()
-        self._stream = Stream.from_handle(0)  # the legacy default stream: ordered with every other launch
-        builder = Device().create_graph_builder()
-        builder.begin_building()
-        self._forward(builder)
-        return builder.end_building().complete()
 
     def _inputs(self, batch: ForwardBatch) -> list[np.ndarray]:
         """The batch's arrays padded to the bucket: rows past len(batch) are dummy queries."""
@@ -104,7 +128,7 @@ class CapturedDecode:
     def run(self, batch: ForwardBatch) -> tuple:
         """Run the step for `batch` (decode-only, logits for every row): device arrays of the logits
         [T, vocab] and of each row's argmax [T], valid until the next run of this bucket."""
-        self._replay(batch)
+        self._fill_and_replay(batch)
         return self.logits[:batch.num_tokens], self.greedy_ids[:batch.num_tokens]
 
     def launch(self, batch: ForwardBatch) -> "PendingTokens":
@@ -114,21 +138,18 @@ class CapturedDecode:
         and events are then free again."""
         turn, self._turn = self._turn, 1 - self._turn
         stream = cuda.default_stream()  # the legacy default stream, as every launch: copies stay in order
-        self._replay(batch, self._hosts[turn], stream)
+        self._fill_and_replay(batch, self._hosts[turn], stream)
         tokens = self._tokens_host[turn]
         self.greedy_ids.copy_to_host(tokens, stream=stream)
         done = self._done[turn]
         done.record(stream)
         return PendingTokens(tokens, batch.num_tokens, done)
 
-    def _replay(self, batch: ForwardBatch, host=None, stream=0) -> None:
+    def _fill_and_replay(self, batch: ForwardBatch, host=None, stream=0) -> None:
         host = self._hosts[0] if host is None else host
         pack_int32(self._inputs(batch), out=host)
         self._device.copy_to_device(host, stream=stream)  # stream 0: a synchronous copy
-        if self._graph is not None:
-            self._graph.launch(self._stream)
-        else:
-            self._forward(0)
+        self._replay()
 
 
 class PendingTokens:
@@ -143,29 +164,17 @@ class PendingTokens:
         return self._host[:self._num_tokens].tolist()
 
 
-class DecodeGraphs:
-    """The captured decode steps of one engine, one per bucket, captured on first use."""
+class BucketGraphs:
+    """Captured steps of one engine, one per bucket (sizes in `buckets`), captured on first use. Subclasses build a
+    bucket's step (`_make`) and name it for the log (`_describe`)."""
 
-    def __init__(self, runner: ModelRunner, max_batch: int, max_blocks_per_seq: int, log=None):
-        self.runner, self.max_blocks_per_seq = runner, max_blocks_per_seq
-        self.buckets = buckets_up_to(max_batch)
-        self._captured: dict[int, CapturedDecode] = {}
+    def __init__(self, buckets: tuple[int, ...], log=None):
+        self.buckets = buckets
+        self._captured: dict = {}
         self._log = log or (lambda message: None)
 
-    def can_run(self, batch: ForwardBatch) -> bool:
-        """Decode-only, every row sampled, and a bucket fits it."""
-        T = batch.num_tokens
-        return (T <= self.buckets[-1] and batch.is_decode_only and batch.samples_every_token
-                and batch.block_tables.shape[1] <= self.max_blocks_per_seq)
-
-    def bucket_for(self, num_tokens: int) -> int:
-        return next(b for b in self.buckets if b >= num_tokens)
-
-    def run(self, batch: ForwardBatch):
-        return self._capture(self.bucket_for(batch.num_tokens)).run(batch)
-
-    def launch(self, batch: ForwardBatch) -> PendingTokens:
-        return self._capture(self.bucket_for(batch.num_tokens)).launch(batch)
+    def bucket_for(self, size: int) -> int:
+        return next(b for b in self.buckets if b >= size)
 
     def capture_all(self, progress=None) -> None:
         """Capture every bucket now (a server's warm-up), largest first, as vLLM does; `progress` reports."""
@@ -174,15 +183,47 @@ class DecodeGraphs:
             if progress:
                 progress(done, len(self.buckets))
 
-    def _capture(self, bucket: int, quiet: bool = False) -> CapturedDecode:
+    def _capture(self, bucket: int, quiet: bool = False):
         if bucket not in self._captured:
             start = time.perf_counter()
-            self._captured[bucket] = CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
+            self._captured[bucket] = step = self._make(bucket)
             kind = "recorded" if SIMULATOR else "captured a CUDA graph"
             if not quiet:
-                self._log(f"decode step for batch size {bucket}: {kind} in {time.perf_counter() - start:.2f} s")
+                self._log(f"{self._describe(bucket, step)}: {kind} in {time.perf_counter() - start:.2f} s")
         return self._captured[bucket]
+
+    def _make(self, bucket: int) -> CapturedStep:
+        raise NotImplementedError
+
+    def _describe(self, bucket: int, step: CapturedStep) -> str:
+        raise NotImplementedError
 
     @property
     def captured_buckets(self) -> list[int]:
         return sorted(self._captured)
+
+
+class DecodeGraphs(BucketGraphs):
+    """The captured decode steps of one engine, one per batch-size bucket, captured on first use."""
+
+    def __init__(self, runner: ModelRunner, max_batch: int, max_blocks_per_seq: int, log=None):
+        super().__init__(buckets_up_to(max_batch), log)
+        self.runner, self.max_blocks_per_seq = runner, max_blocks_per_seq
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """Decode-only, every row sampled, and a bucket fits it."""
+        T = batch.num_tokens
+        return (T <= self.buckets[-1] and batch.is_decode_only and batch.samples_every_token
+                and batch.block_tables.shape[1] <= self.max_blocks_per_seq)
+
+    def run(self, batch: ForwardBatch):
+        return self._capture(self.bucket_for(batch.num_tokens)).run(batch)
+
+    def launch(self, batch: ForwardBatch) -> PendingTokens:
+        return self._capture(self.bucket_for(batch.num_tokens)).launch(batch)
+
+    def _make(self, bucket: int) -> CapturedDecode:
+        return CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
+
+    def _describe(self, bucket: int, step: CapturedDecode) -> str:
+        return f"decode step for batch size {bucket}"

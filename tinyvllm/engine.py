@@ -35,6 +35,7 @@ from .logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from .metrics import MetricsCollector, RequestMetrics
 from .model import LoadedModel, load_model, log_to_stderr
 from .model_runner import ForwardBatch, ModelRunner, Stage, drain
+from .prefill_graphs import PrefillGraphs, activation_bytes_per_token
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import Sequence
@@ -59,6 +60,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batching: str = "continuous"          # or "static": a batch runs to completion before the next
     cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
+    prefill_graphs: bool | None = None    # replay steps with prefill chunks from CUDA graphs (prefill_graphs.py);
+    #                                       None: as cuda_graphs (so on a GPU only, unless that is set)
     pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
     #                                       previous one's tokens back (see _InFlight)
     kv_cache_dtype: str = "auto"          # "float32", "bfloat16" (kv_pool.KVPool), or "auto": bfloat16 with the
@@ -185,11 +188,15 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
         self.precision = resolve_precision(config.precision, self.model.weights.embed_tokens.dtype)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.precision)
+        use_graphs = (not SIMULATOR) if config.cuda_graphs is None else config.cuda_graphs
+        use_prefill_graphs = use_graphs if config.prefill_graphs is None else config.prefill_graphs
+        # the prefill graphs' activations stay allocated: the KV pool leaves room for them
+        graph_bytes = activation_bytes_per_token(c) * config.max_num_batched_tokens if use_prefill_graphs else 0
         num_blocks, why = config.num_blocks, "as configured"
         if num_blocks is None:
             num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, self.max_model_len,
                                                  config.enable_prefix_caching, config.gpu_memory_fraction,
-                                                 self.kv_cache_dtype)
+                                                 self.kv_cache_dtype, reserved_bytes=graph_bytes)
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
         self.kv_pool = KVPool(c, num_blocks, config.block_size, self.kv_cache_dtype)
@@ -197,10 +204,11 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
-        use_graphs = (not SIMULATOR) if config.cuda_graphs is None else config.cuda_graphs
         max_blocks_per_seq = cdiv(self.max_model_len, config.block_size)
         self.decode_graphs = (DecodeGraphs(self.runner, config.max_num_seqs, max_blocks_per_seq, log=log)
                               if use_graphs else None)
+        self.prefill_graphs = (PrefillGraphs(self.runner, config.max_num_batched_tokens, config.max_num_seqs,
+                                             max_blocks_per_seq, log=log) if use_prefill_graphs else None)
         self.metrics = MetricsCollector()
         self.tokenizer = self.model.tokenizer
         # generation_config.json's eos_token_id, when present, overrides config.json's (as in transformers)
@@ -294,7 +302,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduler step, launches left asynchronous; decode-only steps replay a CUDA graph when
         the engine has them (EngineConfig.cuda_graphs), all-greedy ones pipelined (see _InFlight): such a
-        step reports the tokens of the step before it."""
+        step reports the tokens of the step before it; other steps replay one up to final_norm
+        (EngineConfig.prefill_graphs)."""
         if self._in_flight is not None:
             return self._step_in_flight()
         return drain(self.step_stages(synchronize=False, graphs=True))
@@ -302,8 +311,8 @@ class LLMEngine:
     def step_stages(self, all_logits: bool = False, synchronize: bool = True,
                     graphs: bool = False) -> Iterator[Stage]:
         """One scheduler step as a generator of forward-pass stages; returns the step's RequestOutputs.
-        `synchronize`: wait for each stage's kernels (see ModelRunner.forward_stages). `graphs`: a
-        decode-only step replays its captured graph instead, yielding no stages."""
+        `synchronize`: wait for each stage's kernels (see ModelRunner.forward_stages). `graphs`: a step
+        replays its captured graph instead (decode-only: DecodeGraphs; others: PrefillGraphs), yielding no stages."""
         # a pipelined step's tokens first: this step builds on them
         outputs = self._step_in_flight(follow=False) if self._in_flight is not None else []
         outputs += self._rejected_outputs()
@@ -324,6 +333,8 @@ class LLMEngine:
                 return outputs  # this step's tokens come with the next step
             if graphed:
                 logits, greedy_ids = self.decode_graphs.run(batch)
+            elif graphs and not all_logits and self.prefill_graphs and self.prefill_graphs.can_run(batch):
+                logits = self.prefill_graphs.run(batch)
             else:
                 logits = yield from self.runner.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
             if all_logits:

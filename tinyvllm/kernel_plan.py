@@ -47,9 +47,9 @@ import numpy as np
 from kernels_numba import gemm_tc as _gemm_tc
 from kernels_numba import matmul as _matmul
 from kernels_numba.activation import silu_mul_gate_up
-from kernels_numba.attention import build_prefill_gqa_tiles
+from kernels_numba.attention import build_prefill_tiles, gqa_shape
 from kernels_numba.attention import prefill_tc as _prefill_tc
-from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
+from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, tc_queries_per_tile
 from kernels_numba.common import SIMULATOR
 from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc
 
@@ -155,12 +155,18 @@ class KernelPlan:
     def tc_attention(self) -> bool:
         return self.fast and self.head_dim % 16 == 0 and self.group <= 16 * tc_attention_shape()[0]
 
+    def prefill_tile_queries(self) -> int | None:
+        """Queries per tile of the prefill attention (prefill_tc's or prefill_gqa's); None when it takes no tiles (the
+        simulator's per_query)."""
+        if self.tc_attention:
+            return tc_queries_per_tile(self.group, tc_attention_shape()[0])
+        return None if SIMULATOR else gqa_shape(self.head_dim, self.group)[0]
+
     def prefill_tiles(self, query_seq, positions):
         """The query tiles a step with prefill chunks needs (built once, host side, for all layers); None when its
-        attention builds none (the simulator's per_query)."""
-        if self.tc_attention:
-            return build_prefill_tc_tiles(query_seq, positions, self.group, tc_attention_shape()[0])
-        return None if SIMULATOR else build_prefill_gqa_tiles(query_seq, positions, self.head_dim, self.group)
+        attention builds none."""
+        queries = self.prefill_tile_queries()
+        return None if queries is None else build_prefill_tiles(query_seq, positions, queries)
 
     def prefill_attention(self, block_tables, query_seq, positions, scale, tiles):
         """(q, k_pool, v_pool) -> out on tensor cores, and its name; None when this plan has none."""

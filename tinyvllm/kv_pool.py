@@ -44,12 +44,14 @@ def bytes_per_block(config: ModelConfig, block_size: int, dtype: str = "float32"
     return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element_bytes
 
 
-def blocks_that_fit(config: ModelConfig, block_size: int, memory_fraction: float, dtype: str = "float32") -> int:
-    """How many blocks `memory_fraction` of the GPU's free memory holds (a fixed default in the simulator)."""
+def blocks_that_fit(config: ModelConfig, block_size: int, memory_fraction: float, dtype: str = "float32",
+                    reserved_bytes: int = 0) -> int:
+    """How many blocks `memory_fraction` of the GPU's free memory holds, leaving at least reserved_bytes free
+    beside them (the prefill graphs' activations); a fixed default in the simulator."""
     if SIMULATOR:
         return SIMULATOR_DEFAULT_BLOCKS
     free, _total = cuda.current_context().get_memory_info()
-    return int(free * memory_fraction) // bytes_per_block(config, block_size, dtype)
+    return max(0, min(int(free * memory_fraction), free - reserved_bytes)) // bytes_per_block(config, block_size, dtype)
 
 
 def blocks_usable(max_num_seqs: int, max_model_len: int, block_size: int, prefix_caching: bool) -> int:
@@ -59,14 +61,17 @@ def blocks_usable(max_num_seqs: int, max_model_len: int, block_size: int, prefix
 
 
 def default_num_blocks(config: ModelConfig, block_size: int, max_num_seqs: int, max_model_len: int,
-                       prefix_caching: bool, memory_fraction: float, dtype: str = "float32") -> tuple[int, str]:
+                       prefix_caching: bool, memory_fraction: float, dtype: str = "float32",
+                       reserved_bytes: int = 0) -> tuple[int, str]:
     """The pool size when none is given, and why (for the log): blocks_usable, capped by blocks_that_fit."""
     usable = blocks_usable(max_num_seqs, max_model_len, block_size, prefix_caching)
-    fit = blocks_that_fit(config, block_size, memory_fraction, dtype)
+    fit = blocks_that_fit(config, block_size, memory_fraction, dtype, reserved_bytes)
     wanted = f"{max_num_seqs} sequences x {max_model_len} tokens" + (" + 1 for prefix caching" * prefix_caching)
     if usable <= fit:
         return usable, wanted
-    where = "the simulator's default" if SIMULATOR else f"{memory_fraction:g} of free GPU memory"
+    where = "the simulator's default" if SIMULATOR else (
+        f"{memory_fraction:g} of free GPU memory" + (f", {reserved_bytes / 2**30:.2f} GiB left for prefill graphs"
+                                                     if reserved_bytes else ""))
     return fit, f"capped by {where}; {wanted} would use {usable}"
 
 

@@ -17,7 +17,7 @@ RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, each residu
 feeds it; at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
 Every stage keeps its name and output in both; a stage whose output a fused kernel already produced
 launches nothing and says which stage computed it. CUDA graphs (tinyvllm/cuda_graphs.py) record this same
-generator for decode steps. Two precisions run through it (`ModelRunner.precision`): fp32, the reference, and
+generator for decode steps, and up to final_norm for the others (tinyvllm/prefill_graphs.py). Two precisions run through it (`ModelRunner.precision`): fp32, the reference, and
 fast, bf16 activations into tensor-core GEMMs and prefill attention; tinyvllm/kernel_plan.py's table says which
 kernel each takes where.
 """
@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from kernels_numba.common import SIMULATOR, cuda
+from kernels_numba.common import SIMULATOR, begin_layer, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.epilogues import RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue
 from kernels_numba.matmul import gemv_fused, linear_kernel_name
@@ -245,7 +245,26 @@ class ModelRunner:
 
     def device_forward_stages(self, batch: DeviceBatch, synchronize: bool = True,
                               logits: bool = True) -> Iterator[Stage]:
-        """forward_stages over index arrays already on the device (what a CUDA-graph capture records)."""
+        """forward_stages over index arrays already on the device (what a decode CUDA-graph capture records)."""
+        x = yield from self.device_hidden_stages(batch, synchronize)
+        if not logits:
+            return None
+        out = yield from _run_stage("logits", self.plan.projection_name(
+            batch.num_tokens if batch.logits_rows is None else batch.logits_rows.shape[0], self.config.hidden_size),
+            lambda: self.logits(x, batch.logits_rows), synchronize=synchronize)
+        return out
+
+    def logits(self, x, rows=None):
+        """The LM head over the final normed hidden states x [T, hidden]: of rows `rows` (device int32), or of every
+        row. (A prefill CUDA graph ends at x; this runs eagerly after it, on the step's own rows.)"""
+        if rows is not None:
+            x = take_rows(x, rows)
+        return self.plan.project(x, self.weights.lm_head)
+
+    def device_hidden_stages(self, batch: DeviceBatch, synchronize: bool = True) -> Iterator[Stage]:
+        """The stages from embedding to final_norm; returns final_norm's output (what a prefill CUDA-graph
+        capture records). Each layer's launches follow a common.begin_layer(i), for an arena that reuses buffers
+        by layer (common.LayerArena)."""
         c, w_all = self.config, self.weights
         T, nh, nkv, hd = batch.num_tokens, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         eps = c.rms_norm_eps
@@ -265,8 +284,8 @@ class ModelRunner:
         h = yield from _stage("embedding", "embedding.embedding", lambda: embedding(token_ids, w_all.embed_tokens,
                                                                                   fed_back=batch.fed_back))
         if self.fuses_norms(T):
-            logits_out = yield from self._fused_layers(batch, h, attend, attention_kernel, _stage, logits)
-            return logits_out
+            x = yield from self._fused_layers(batch, h, attend, attention_kernel, _stage)
+            return x
         x = None  # the next normed input, once a fused add_rmsnorm has computed it with the residual
         layers = w_all.layers
         for i, w in enumerate(layers):
@@ -276,6 +295,7 @@ class ModelRunner:
                 x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
             else:
                 x = yield from _stage(name("input_norm"), f"({FUSED} layers.{i - 1}.output)", lambda: x, i)
+            begin_layer(i)  # after layer 0's norm: every layer then takes the same buffers in the same order
             q, k, v = yield from _stage(name("q"), matmul(H) + " (q|k|v in one) + rope.rope_qkv (+ the K/V write)",
                                         lambda: rope_qkv(linear(x, w.qkv_proj), positions, self.inv_freq, nh, nkv, hd,
                                                          kv_pools=(k_pool, v_pool), slot_mapping=slot_mapping),
@@ -298,8 +318,7 @@ class ModelRunner:
             h, x = yield from _stage(name("output"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
                 m, h, next_norm, eps), i, show=0)
         x = yield from _stage("final_norm", f"({FUSED} layers.{len(layers) - 1}.output)", lambda: x)
-        logits_out = yield from self._logits_stage(batch, x, _stage, logits)
-        return logits_out
+        return x
 
     def fuses_norms(self, num_tokens: int) -> bool:
         """Whether a step of num_tokens runs the fused-GEMV layer (_fused_layers): when gemv_coalesced serves
@@ -313,7 +332,7 @@ class ModelRunner:
         return all(linear_kernel_name(num_tokens, n_in) == "gemv_coalesced"
                    for n_in in (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size))
 
-    def _fused_layers(self, batch: DeviceBatch, h, attend, attention_kernel: str, _stage, logits: bool):
+    def _fused_layers(self, batch: DeviceBatch, h, attend, attention_kernel: str, _stage):
         """The layers with every RMSNorm fused in front of the projection that reads it (RMSNormPrologue), RoPE
         and the K/V write behind q|k|v (RopeKVEpilogue), the SwiGLU gate behind gate|up (SwiGLUEpilogue), and
         every residual add behind the projection that feeds it (ResidualEpilogue), all gemv_fused launches:
@@ -325,6 +344,7 @@ class ModelRunner:
         eps = c.rms_norm_eps
         positions, slot_mapping = batch.positions, batch.slot_mapping
         for i, w in enumerate(w_all.layers):
+            begin_layer(i)
             k_pool, v_pool = self.kv_pool.layer(i)
             name = f"layers.{i}.".__add__
             rope_kv = RopeKVEpilogue(positions, self.inv_freq, nh, nkv, hd, (k_pool, v_pool), slot_mapping)
@@ -349,17 +369,7 @@ class ModelRunner:
             h = mlp.residual_out
             h = yield from _stage(name("output"), f"({FUSED} {name('mlp')})", lambda: h, i)
         x = yield from _stage("final_norm", "rmsnorm.rmsnorm", lambda: rmsnorm(h, w_all.norm, eps))
-        logits_out = yield from self._logits_stage(batch, x, _stage, logits)
-        return logits_out
-
-    def _logits_stage(self, batch: DeviceBatch, x, _stage, logits: bool):
-        if not logits:
-            return None
-        if batch.logits_rows is not None:
-            x = take_rows(x, batch.logits_rows)
-        out = yield from _stage("logits", self.plan.projection_name(x.shape[0], self.config.hidden_size),
-                                lambda: self.plan.project(x, self.weights.lm_head))
-        return out
+        return x
 
     def _attention_for(self, batch: DeviceBatch):
         """Pick the attention kernel for this step: (q, k_pool, v_pool) -> out, and its name.

@@ -14,6 +14,7 @@ Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`; t
 | decode_gqa    | paged_attention_decode_gqa                 | GPU decode steps from DECODE_GQA_MIN_BLOCKS (query, KV head) pairs |
 | decode_gqa    | paged_attention_flash_decode               | GPU decode steps below that (batch 1 to 7 on Llama-3.2-1B) |
 | prefill       | paged_attention_prefill, build_prefill_tiles | nowhere: the readable tiled prefill; its query tiles serve prefill_gqa |
+|               | prefill_tiles_host, max_prefill_tiles      | the tiles padded to a fixed count with empty ones (prefill CUDA graphs) |
 | prefill_gqa   | paged_attention_prefill_gqa                | GPU steps with prefill chunks (FlashAttention-2 on CUDA cores) |
 | prefill_tc    | paged_attention_prefill_tc                 | steps with prefill chunks in the fast precision (tinyvllm/kernel_plan.py), simulator too: FlashAttention-2 on tensor cores (bf16 mma) |
 
@@ -37,6 +38,7 @@ from .paged_kv import write_kv_paged, write_kv_paged_ref, paged_attention_ref
 from .per_query import paged_attention_per_query, paged_attention_decode, paged_attention_decode_ref
 from .split_keys import paged_attention_split_keys, split_partitions, combine_partitions_kernel
 from .decode_gqa import DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa, paged_attention_flash_decode
-from .prefill import QTILE, PrefillTiles, build_prefill_tiles, paged_attention_prefill
+from .prefill import (QTILE, PrefillTiles, build_prefill_tiles, max_prefill_tiles, paged_attention_prefill,
+                      prefill_tiles_host)
 from .prefill_gqa import (GQA_SHARED_BYTES, build_prefill_gqa_tiles, gqa_shape, paged_attention_prefill_gqa)
 from .prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc

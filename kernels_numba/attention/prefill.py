@@ -106,6 +106,22 @@ def build_prefill_tiles(query_seq, query_pos, queries_per_tile: int = QTILE) -> 
     """Group queries by sequence, sorted by position, into tiles of up to queries_per_tile (QTILE for
     paged_attention_prefill; host-side, accepts numpy or device arrays). Sorting keeps each tile's positions
     close, so its key range stays tight; a tile never spans two sequences."""
+    seq, tokens, positions, key_len = prefill_tiles_host(query_seq, query_pos, queries_per_tile)
+    return PrefillTiles(cuda.to_device(seq), cuda.to_device(tokens), cuda.to_device(positions),
+                        cuda.to_device(key_len), len(seq))
+
+
+def max_prefill_tiles(num_tokens: int, max_seqs: int, queries_per_tile: int) -> int:
+    """The most tiles a step of num_tokens queries from at most max_seqs sequences can need: a sequence of n
+    queries takes ceil(n / q) <= n // q + 1 tiles, and the n // q add up to at most num_tokens // q."""
+    return num_tokens // queries_per_tile + min(num_tokens, max_seqs)
+
+
+def prefill_tiles_host(query_seq, query_pos, queries_per_tile: int,
+                       num_tiles: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """build_prefill_tiles' arrays on the host: (seq, tokens, positions, key_len). With `num_tiles`, padded to that
+    many tiles with empty ones (seq 0, no tokens, key_len 0: the prefill kernels load no key and write nothing for
+    them), so that a CUDA graph's launch grid stays fixed (tinyvllm/prefill_graphs.py)."""
     query_seq = _to_host(query_seq)
     query_pos = _to_host(query_pos)
     assert query_seq.shape == query_pos.shape and query_seq.ndim == 1, (query_seq.shape, query_pos.shape)
@@ -118,16 +134,17 @@ def build_prefill_tiles(query_seq, query_pos, queries_per_tile: int = QTILE) -> 
     rank = np.arange(len(order)) - starts[run]         # its place within its sequence
     run_tiles = -(-counts // queries_per_tile)
     tile = (np.cumsum(run_tiles) - run_tiles)[run] + rank // queries_per_tile
-    num_tiles = int(run_tiles.sum())
+    used = int(run_tiles.sum())
+    num_tiles = used if num_tiles is None else num_tiles
+    assert used <= num_tiles, f"{used} query tiles, room for {num_tiles}"
     tile_tokens = np.full((num_tiles, queries_per_tile), -1, np.int32)
     tile_positions = np.full((num_tiles, queries_per_tile), -1, np.int32)
     tile_tokens[tile, rank % queries_per_tile] = order
     tile_positions[tile, rank % queries_per_tile] = query_pos[order]
     tile_seq = np.zeros(num_tiles, np.int32)
     tile_seq[tile] = sorted_seq
-    key_len = tile_positions.max(axis=1) + 1 if num_tiles else np.zeros(0, np.int32)
-    return PrefillTiles(cuda.to_device(tile_seq), cuda.to_device(tile_tokens),
-                        cuda.to_device(tile_positions), cuda.to_device(key_len.astype(np.int32)), num_tiles)
+    key_len = (tile_positions.max(axis=1) + 1).astype(np.int32) if num_tiles else np.zeros(0, np.int32)
+    return tile_seq, tile_tokens, tile_positions, key_len
 
 
 def paged_attention_prefill(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None,

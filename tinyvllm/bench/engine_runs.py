@@ -105,6 +105,11 @@ class EngineFactory:
             self.current.decode_graphs.capture_all()
             self._log(f"captured decode CUDA graphs for batch sizes {self.current.decode_graphs.captured_buckets} "
                       f"in {time.perf_counter() - start:.1f} s")
+        if self.current.prefill_graphs is not None:  # the same for steps with prefill chunks
+            start, graphs = time.perf_counter(), self.current.prefill_graphs
+            graphs.capture_all()
+            self._log(f"captured prefill CUDA graphs for {graphs.captured_buckets} tokens in "
+                      f"{time.perf_counter() - start:.1f} s (activations {graphs.storage.bytes / 2**20:.0f} MiB)")
         self._log = lambda message: None
         return self.current
 
