@@ -33,7 +33,11 @@ from them runs there unchanged. A simulated CUDA thread is a Python thread, so t
 the warp's 32 lanes meet: each lane leaves its operands in its warp's slot, waits for the other 31 (a
 barrier of the warp alone, `_WarpMeeting`), then reads what it needs of everyone's operands (double
 buffered, so one barrier per op). The twin mma computes D = C + A @ B in float64 and rounds once to float32
-(an ideal tensor core); the copies are plain synchronous copies, their waits no-ops.
+(an ideal tensor core). A copy lands as late as the hardware may land it: cp_async_16 only records it in the
+thread's open group, and the copies of a committed group land when the thread waits with that group among those
+it must not leave in flight (never, without such a wait). A kernel that reads a stage it has not waited for then
+reads stale data in the simulator too; one that forgets the syncthreads after the wait is caught only when
+the simulated warps happen to interleave badly.
 """
 import functools
 import threading
@@ -296,23 +300,36 @@ else:
         phase = meeting.meet(lane, value, thread)
         return meeting.operands[phase][lane ^ lane_mask]
 
+    def _cp_async_groups():
+        """This simulated thread's copies in flight: a list of committed groups, then the open one (a list of
+        pending copies each)."""
+        thread = threading.current_thread()
+        if not hasattr(thread, "_cp_async_groups"):
+            thread._cp_async_groups = [[]]
+        return thread._cp_async_groups
+
+    def _land(copy):
+        smem, s, r, c, gmem, gr, gc, src_bytes = copy
+        for e in range(8):
+            smem[s, r, c + e] = gmem[gr, gc + e] if src_bytes else 0
+
     def cp_async_16(smem, s, r, c, gmem, gr, gc, src_bytes):
-        if src_bytes:
-            for e in range(8):
-                smem[s, r, c + e] = gmem[gr, gc + e]
-        else:
-            for e in range(8):
-                smem[s, r, c + e] = 0
+        _cp_async_groups()[-1].append((smem, s, r, c, gmem, gr, gc, src_bytes))
 
     def cp_async_commit():
-        pass
+        _cp_async_groups().append([])
 
     @functools.cache
     def cp_async_wait_group(n: int):
         assert n >= 0
 
-        def wait():  # the simulated copies are done when cp_async_16 returns
-            pass
+        def wait():  # the copies land as late as the hardware may land them: when a wait covers their group
+            groups = _cp_async_groups()
+            committed = len(groups) - 1
+            while committed > n:
+                for copy in groups.pop(0):
+                    _land(copy)
+                committed -= 1
 
         return wait
 

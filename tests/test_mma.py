@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels_numba.common import SHARED_ALIGN, cuda, jit
+from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cuda, jit
 from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, ldmatrix_x4,
                                ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2, shfl_xor)
 from tests.helpers import poisoned
@@ -197,6 +197,40 @@ def test_cp_async_copies_in_groups_and_zero_fills(rng):
 
 
 @jit
+def cp_async_lands_late_kernel(src, seen):
+    """Thread 0 copies src's 8 bf16 into a tile holding 0xFFFF and records the tile after each step: issued,
+    committed, waited for all but one group, waited for all."""
+    tile = cuda.shared.array((1, 1, 8), np.uint16, alignment=SHARED_ALIGN)
+    if cuda.threadIdx.x == 0:
+        for e in range(8):
+            tile[0, 0, e] = np.uint16(0xFFFF)
+        cp_async_16(tile, 0, 0, 0, src, 0, 0, 16)
+        for e in range(8):
+            seen[0, e] = tile[0, 0, e]
+        cp_async_commit()
+        for e in range(8):
+            seen[1, e] = tile[0, 0, e]
+        wait_one()
+        for e in range(8):
+            seen[2, e] = tile[0, 0, e]
+        cp_async_wait_all()
+        for e in range(8):
+            seen[3, e] = tile[0, 0, e]
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="on the GPU a copy may land any time before its wait")
+def test_simulated_cp_async_lands_only_at_a_wait_that_covers_it(rng):
+    # The latest moment the hardware may land a copy, so a kernel that reads a stage before waiting for it (or waits
+    # for the wrong group) reads stale data in the simulator too (tests/test_prefill_tc.py's mutations).
+    src = _bf16_bits(rng, (1, 8))
+    seen = poisoned((4, 8), np.uint16)
+    cp_async_lands_late_kernel[1, 32](cuda.to_device(src), seen)
+    seen = seen.copy_to_host()
+    np.testing.assert_array_equal(seen[:3], np.full((3, 8), 0xFFFF, np.uint16))
+    np.testing.assert_array_equal(seen[3], src[0])
+
+
+@jit
 def load_x4_kernel(values, out):
     i = cuda.threadIdx.x
     rows, cols = values.shape
@@ -216,3 +250,4 @@ def test_load_x4_reads_four_32_bit_values(rng, dtype):
     out = cuda.to_device(np.full((3, 8), np.nan, np.float32).view(dtype))
     load_x4_kernel[1, 32](cuda.to_device(values), out)
     np.testing.assert_array_equal(out.copy_to_host(), values)
+

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from kernels_numba.attention import paged_attention_ref
-from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
+from kernels_numba.attention.prefill_tc import (ORIGINAL_OPTIONS, TC_OPTIONS, build_prefill_tc_tiles,
+                                                paged_attention_prefill_tc, tc_shared_bytes)
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
-from tests.test_paged_attention import LOG_F32_MAX, _gather, _scenario, _step, _stretch, _write
+from tests.test_paged_attention import LOG_F32_MAX, SeqSpec, _gather, _scenario, _step, _stretch, _write
 
 # (block_size, n_heads, n_kv_heads, head_dim): groups 1, 2 and 4, head_dim 16 (one k step of Q K^T) and 32 (two);
 # group 3 (SmolLM2's) does not divide a warp's 16 rows: 5 queries a tile and one padding row
@@ -20,15 +21,16 @@ def _bf16(x):
 
 
 def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1, keys_per_tile=16, q_gain=1.0,
-              score_offset=0.0, kv_dtype=np.float32, want_bits=None):
+              score_offset=0.0, kv_dtype=np.float32, options=None):
     """Run the step through prefill_tc (in the simulator: 1-warp blocks of 16 / group queries, 16-key tiles, so the
     scenarios' up-to-33-key contexts cross 3 key tiles and their queries several query tiles). Bound: P enters the
     second mma as bf16 (2^-9 relative) while l sums float32 P: 2^-8 of W = sum_j p_j |v_j| / sum_j p_j, plus the
     float32 sums; 2^-7 W checked. The scores' own float32 error E (head_dim products of bf16, 2^-23 each of
     sum |q k|) moves the weights by at most a factor exp(2E), as in test_paged_attention's _tolerance.
     kv_dtype np.uint16: bf16 pools (the same bound: the kernel rounds a float32 pool's K/V to exactly those bits).
-    Returns (scores, the output's bits)."""
-    step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim)
+    scenario: a test_paged_attention scenario's name, or its list of SeqSpec. Returns (scores, the output's bits)."""
+    specs = _scenario(scenario, block_size) if isinstance(scenario, str) else scenario
+    step = _step(rng, specs, block_size, n_heads, n_kv_heads, head_dim)
     scale = 1.0 / np.sqrt(head_dim)
     _stretch(step, scale, q_gain, score_offset)
     d_k_pool, d_v_pool, k_pool, v_pool = _write(step, kv_dtype)
@@ -37,7 +39,7 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     out = poisoned(step.q.shape, np.float32)
     got = paged_attention_prefill_tc(cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables),
                                      d_seq, d_pos, scale, out=out, tiles=tiles, warps=warps,
-                                     keys_per_tile=keys_per_tile)
+                                     keys_per_tile=keys_per_tile, options=options)
     assert got is out
     got = got.copy_to_host()
     assert np.isfinite(got).all(), "the kernel left an output unwritten, read a poisoned entry or overflowed"
@@ -60,11 +62,34 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     return scores, got.view(np.uint32)
 
 
+KV_DTYPES = pytest.mark.parametrize("kv_dtype", [np.float32, np.uint16], ids=["f32_pool", "bf16_pool"])
+
+
+@KV_DTYPES
 @pytest.mark.parametrize("scenario, layout", [
     ("whole_prompt", TC_LAYOUTS[0]), ("chunked", TC_LAYOUTS[1]), ("shared_prefix", TC_LAYOUTS[2]),
     ("decode", TC_LAYOUTS[1]), ("chunked", TC_LAYOUTS[3])])
-def test_prefill_tc_matches_ref(rng, scenario, layout):
-    _check_tc(rng, scenario, *layout)
+def test_prefill_tc_matches_ref(rng, scenario, layout, kv_dtype):
+    _check_tc(rng, scenario, *layout, kv_dtype=kv_dtype)
+
+
+# Many key tiles through the two-stage pipeline (16-key tiles): a 40-token chunk after a 30-token cached prefix (5
+# tiles), a 13-token chunk after sequence 0's first 3 blocks (a shared cached prefix, 3 tiles), a 35-token prompt
+# (3 tiles, the last partial); GQA group 3 in 2-warp blocks (10 queries and 2 padding rows a block), so a warp
+# that ran ahead into a stage another warp has not finished copying or reading would be seen.
+PIPELINE_SPECS = [SeqSpec(70, 30), SeqSpec(12 + 13, 12, 0, 3), SeqSpec(35, 0)]
+
+
+@KV_DTYPES
+def test_prefill_tc_pipeline_over_many_key_tiles(rng, kv_dtype):
+    assert tc_shared_bytes(16, 2, 16) == 2 * 4 * 16 * 24  # two stages of K and V; Q over the second
+    _check_tc(rng, PIPELINE_SPECS, 4, 6, 2, 16, warps=2, kv_dtype=kv_dtype)
+
+
+def test_prefill_tc_original_kernel_still_matches(rng):
+    # ORIGINAL_OPTIONS (kept to time old against new) within the same bound, on the bf16 pool it copies unpipelined
+    assert ORIGINAL_OPTIONS != TC_OPTIONS
+    _check_tc(rng, PIPELINE_SPECS[:1], 4, 6, 2, 16, warps=2, kv_dtype=np.uint16, options=ORIGINAL_OPTIONS)
 
 
 def test_prefill_tc_at_the_gpu_shape(rng):
