@@ -25,6 +25,9 @@ instruction as inline assembly (llvmlite ir.InlineAsm, as numba-cuda's own cache
   instead (tile edges). `cp_async_commit()` closes a group of copies, `cp_async_wait_group(n)` makes the
   kernel-side function that waits until at most n groups are still in flight (n is part of the
   instruction). A syncthreads after the wait publishes the data to the block.
+- `exp2_approx(x) -> 2^x`: ex2.approx.ftz.f32, one instruction of the special-function unit (relative error
+  about 2 ulp, 2^-22; results below 2^-126 flushed to 0; 2^-inf = 0). math.exp compiles to libdevice's
+  expf, several instructions around the same ex2 to reach 1 ulp.
 - `load_x4(array, i, j) -> 4 values`: ld.global.nc.v4 (one 128-bit load of 4 32-bit elements,
   array[i, j:j+4]; j a multiple of 4 and rows 16-byte aligned).
 
@@ -174,6 +177,18 @@ if not SIMULATOR:
             return types.void(), codegen
 
         return wait
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            value = context.cast(builder, args[0], signature.args[0], types.float32)
+            f32 = ir.FloatType()
+            asm = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(asm, [value])
+
+        return sig, codegen
 
     @intrinsic
     def load_x4(typingctx, array, i, j):
@@ -332,6 +347,12 @@ else:
                 committed -= 1
 
         return wait
+
+    _F32_TINY = np.finfo(np.float32).tiny
+
+    def exp2_approx(x):  # exact 2^x rounded to float32, with the hardware's flush of results below 2^-126
+        result = np.float32(np.exp2(np.float64(x)))
+        return np.float32(0.0) if result < _F32_TINY else result
 
     def load_x4(array, i, j):
         return array[i, j], array[i, j + 1], array[i, j + 2], array[i, j + 3]

@@ -9,9 +9,9 @@ as the fast precision's default pool holds them; prefill_tc then copies its key 
 Runs prefill_gqa, "prefill_tc original" (prefill_tc.ORIGINAL_OPTIONS: its first version, unpipelined, math.exp)
 and "prefill_tc" (TC_OPTIONS, what the runner launches), then each WARPSxKEYS of --tc-variants (warps per block x
 keys per shared K/V tile) with TC_OPTIONS. TFLOP/s counts the causal half: 2 T^2 head_dim n_heads FLOPs (Q K^T and
-P V). Then max |difference| of the new prefill_tc against the original (0: the pipeline changes no arithmetic)
-and against prefill_gqa (float32 math on the pool's values; the tensor-core kernels round q and P to bf16: ~1e-2
-expected).
+P V). Then max |difference| of the new prefill_tc against the original and against prefill_gqa (float32 math on
+the pool's values): ~1e-2 expected for both (the tensor-core kernels round q and P to bf16; the new one rounds
+q * scale * log2(e), the original q * scale).
 """
 import argparse
 import functools

@@ -4,8 +4,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cuda, jit
-from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, ldmatrix_x4,
+from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cdiv, cuda, jit
+from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, exp2_approx,
+                               ldmatrix_x4,
                                ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2, shfl_xor)
 from tests.helpers import poisoned
 
@@ -251,3 +252,22 @@ def test_load_x4_reads_four_32_bit_values(rng, dtype):
     load_x4_kernel[1, 32](cuda.to_device(values), out)
     np.testing.assert_array_equal(out.copy_to_host(), values)
 
+
+@jit
+def exp2_kernel(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = exp2_approx(x[i])
+
+
+def test_exp2_approx_within_two_ulp_and_flushes_like_ex2(rng):
+    # ex2.approx.ftz.f32: relative error about 2^-22 (tested: 2^-21); 2^-inf = 0, results below 2^-126 flush to 0
+    # (the softmax's masked keys and far-below-the-max weights), 2^0 = 1 exactly (the row's max key).
+    x = np.concatenate([rng.uniform(-30, 0, 200), rng.uniform(-126, 127, 200),
+                        [0.0, -np.inf, -130.0, -149.0, 1.0, -1.0]]).astype(np.float32)
+    out = poisoned(x.shape, np.float32)
+    exp2_kernel[cdiv(x.size, 128), 128](cuda.to_device(x), out)
+    got, want = out.copy_to_host().astype(np.float64), np.exp2(x.astype(np.float64))
+    normal = want >= np.finfo(np.float32).tiny
+    np.testing.assert_allclose(got[normal], want[normal], rtol=2.0**-21, atol=0)
+    assert (got[~normal] == 0).all() and got[x == 0] == 1.0 and (~normal).sum() == 3

@@ -28,6 +28,9 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     float32 sums; 2^-7 W checked. The scores' own float32 error E (head_dim products of bf16, 2^-23 each of
     sum |q k|) moves the weights by at most a factor exp(2E), as in test_paged_attention's _tolerance.
     kv_dtype np.uint16: bf16 pools (the same bound: the kernel rounds a float32 pool's K/V to exactly those bits).
+    With TcOptions.exp2 the kernel rounds q * scale * log2(e) to bf16 and exponentiates base 2: the reference is
+    softmax(ln 2 * q_r . k) on that q_r, and ex2.approx's 2^-22 relative error on each weight (the same weight in
+    P's numerator and in l) is far inside the 2^-9 of P's bf16 rounding: the same bound.
     scenario: a test_paged_attention scenario's name, or its list of SeqSpec. Returns (scores, the output's bits)."""
     specs = _scenario(scenario, block_size) if isinstance(scenario, str) else scenario
     step = _step(rng, specs, block_size, n_heads, n_kv_heads, head_dim)
@@ -43,9 +46,11 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     assert got is out
     got = got.copy_to_host()
     assert np.isfinite(got).all(), "the kernel left an output unwritten, read a poisoned entry or overflowed"
-    q_r = _bf16(step.q * np.float32(scale))  # what the kernel feeds the mma: the float32 product, rounded
+    options = TC_OPTIONS if options is None else options
+    score_unit = np.log(2.0) if options.exp2 else 1.0  # q_r . k in natural-log units
+    q_r = _bf16(step.q * np.float32(scale / score_unit))  # what the kernel feeds the mma: the float32 product, rounded
     k_r, v_r = _bf16(k_pool), _bf16(v_pool)
-    args = (step.block_tables, step.query_seq, step.query_pos, 1.0)
+    args = (step.block_tables, step.query_seq, step.query_pos, score_unit)
     want = paged_attention_ref(q_r, k_r, v_r, *args)
     weight = paged_attention_ref(q_r, k_r, np.abs(v_r), *args).astype(np.float64)
     group = n_heads // n_kv_heads
@@ -54,8 +59,8 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     for t, (s, p) in enumerate(zip(step.query_seq, step.query_pos)):
         keys = _gather(k_r, step.block_tables, s, p + 1).astype(np.float64)
         for h in range(n_heads):
-            score_err[t, h] = head_dim * 2.0**-23 * (np.abs(keys[:, h // group]) @ np.abs(q_r[t, h])).max()
-            scores.append(keys[:, h // group] @ q_r[t, h])
+            score_err[t, h] = score_unit * head_dim * 2.0**-23 * (np.abs(keys[:, h // group]) @ np.abs(q_r[t, h])).max()
+            scores.append(score_unit * keys[:, h // group] @ q_r[t, h])
     tol = (2.0**-7 + np.expm1(2 * score_err)) * weight + 1e-6
     err = np.abs(got.astype(np.float64) - want)
     assert (err <= tol).all(), f"max err {err.max()}, worst err/tol {(err / tol).max()}"

@@ -13,7 +13,7 @@ tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/kerne
   past each row's position to -inf, and runs the online softmax on its registers: a lane holds two
   rows (g and g + 8) and two columns of each 8-key tile, so a row's max is the lane's own max then two
   shfl_xor over the quad (lanes 4g .. 4g + 3); m rises, l and the output accumulators are rescaled by
-  exp(m_old - m_new), and P = exp(S - m) becomes, packed to bf16, the A fragments of P @ V directly (an mma's
+  2^(m_old - m_new), and P = 2^(S - m) (scores in base 2, below) becomes, packed to bf16, the A fragments of P @ V directly (an mma's
   C layout over two 8-key tiles is the next mma's A layout over 16 keys). V's B fragments come from
   ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and out = acc / l.
 
@@ -26,9 +26,19 @@ and the warps compute tile t. One barrier a tile, as gemm_tc's loop. Shared memo
 rows x 72 bf16 = 36 KB at head_dim 64), the same as one stage beside a separate Q tile took. A float32 pool's
 loader rounds with plain stores, so it cannot overlap: it runs in the same loop, its waits empty.
 
-Error against float64 attention on the same bf16-rounded q * scale, K and V: P enters the second mma rounded
-to bf16 (relative 2^-9) while l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus
-float32 sums; tests/test_prefill_tc.py checks 2^-7 of it.
+The exponentials (TcOptions.exp2; the original used math.exp, libdevice's expf, several instructions around one
+ex2 to reach 1 ulp): e^s = 2^(s log2 e), so the launcher hands the kernel scale * log2(e) (q_scale) and every
+score comes out of the first mma in base 2; each weight and each rescale factor is then one subtraction and one
+ex2.approx.ftz (mma.exp2_approx), 64 + 2 per lane a 64-key tile.
+
+Error against float64 attention softmax(ln 2 * q_r . k) on the same bf16-rounded q_r = q * scale * log2(e) (the
+original: q * scale and softmax(q_r . k)), K and V: P enters the second mma rounded to bf16 (relative 2^-9) while
+l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus float32 sums; tests/test_prefill_tc.py
+checks 2^-7 of it. ex2.approx adds about 2 ulp (2^-22) of relative error to each p_j, the same p_j in P's numerator
+and in l, so the output moves by at most ~2^-21 of that weighted sum: 2^13 times below P's bf16 rounding (and
+weights below 2^-126 of the row's max, flushed to 0, are as far below). Rounding q * scale * log2(e) instead of
+q * scale to bf16 is a different rounding of the same relative size: against the original kernel the output
+differs by about as much as either differs from float32 attention (~1e-2 at unit-variance inputs).
 """
 from dataclasses import dataclass
 import functools
@@ -38,7 +48,7 @@ import numpy as np
 
 from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, cuda, jit, launch_stream
-from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, ldmatrix_x4, ldmatrix_x4_trans,
+from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans,
                    mma_bf16_m16n8k16, pack_bf16x2, shfl_xor)
 from .paged_kv import _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
@@ -58,10 +68,24 @@ class TcOptions:
     """Which refinements of the kernel to compile (each its own line in the module docstring); TC_OPTIONS, read
     at launch, is what runs; ORIGINAL_OPTIONS the first version, kept for side-by-side timing."""
     pipelined: bool = True  # a bf16 pool's tile t + 1 copied by cp.async while tile t is computed (two stages)
+    exp2: bool = True       # log2(e) folded into q's scale, the softmax's exponentials one ex2.approx each
 
 
 TC_OPTIONS = TcOptions()
-ORIGINAL_OPTIONS = TcOptions(pipelined=False)
+ORIGINAL_OPTIONS = TcOptions(pipelined=False, exp2=False)
+LN2 = math.log(2.0)
+
+
+@jit(device=True)
+def exp_f32(x):
+    """e^x in float32 (libdevice's expf: the original softmax's exponential)."""
+    return np.float32(math.exp(x))
+
+
+def q_scale(scale: float, options: TcOptions) -> np.float32:
+    """What the kernel multiplies q by before rounding it to bf16: scale, times log2(e) where the scores are to be
+    exponentiated base 2 (2^(s log2 e) = e^s)."""
+    return np.float32(scale / LN2 if options.exp2 else scale)
 
 
 def tc_slabs(warps: int, keys_per_tile: int) -> int:
@@ -109,6 +133,7 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     minus_inf = np.float32(-math.inf)
     chunks = head_dim // 8  # 16-byte pieces of a bf16 row
     pipelined = options.pipelined
+    softmax_exp = exp2_approx if options.exp2 else exp_f32  # the scores' base: 2 (q scaled by log2 e) or e
 
     @jit(device=True)
     def round_f32_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, stage):
@@ -248,8 +273,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             new_a = max(max_a, tile_max_a)
             new_b = max(max_b, tile_max_b)
             # no visible key yet (padding rows, or before key 0): nothing to rescale, weights 0
-            rescale_a = np.float32(1.0) if new_a == minus_inf else np.float32(math.exp(max_a - new_a))
-            rescale_b = np.float32(1.0) if new_b == minus_inf else np.float32(math.exp(max_b - new_b))
+            rescale_a = np.float32(1.0) if new_a == minus_inf else softmax_exp(max_a - new_a)
+            rescale_b = np.float32(1.0) if new_b == minus_inf else softmax_exp(max_b - new_b)
             shift_a = np.float32(0.0) if new_a == minus_inf else new_a
             shift_b = np.float32(0.0) if new_b == minus_inf else new_b
             max_a = new_a
@@ -257,10 +282,10 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             sum_a *= rescale_a
             sum_b *= rescale_b
             for n in range(key_tiles):
-                scores[n, 0] = np.float32(math.exp(scores[n, 0] - shift_a))  # masked: exp(-inf) = 0
-                scores[n, 1] = np.float32(math.exp(scores[n, 1] - shift_a))
-                scores[n, 2] = np.float32(math.exp(scores[n, 2] - shift_b))
-                scores[n, 3] = np.float32(math.exp(scores[n, 3] - shift_b))
+                scores[n, 0] = softmax_exp(scores[n, 0] - shift_a)  # masked: exp(-inf) = 0
+                scores[n, 1] = softmax_exp(scores[n, 1] - shift_a)
+                scores[n, 2] = softmax_exp(scores[n, 2] - shift_b)
+                scores[n, 3] = softmax_exp(scores[n, 3] - shift_b)
                 sum_a += scores[n, 0] + scores[n, 1]
                 sum_b += scores[n, 2] + scores[n, 3]
             for j in range(dim_tiles):
@@ -329,10 +354,10 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
         f"tiles of {tiles.tokens.shape[1]} queries, prefill_tc wants {queries}: use build_prefill_tc_tiles")
     out = _output(q, out)
     if tiles.num_tiles > 0:
+        options = TC_OPTIONS if options is None else options
         kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile,
-                                                   k_pool.dtype == np.uint16,
-                                                   TC_OPTIONS if options is None else options)
+                                                   k_pool.dtype == np.uint16, options)
         kernel[(tiles.num_tiles, n_kv_heads), 32 * warps, launch_stream()](
             q, *_pool_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
-            np.float32(scale), out)
+            q_scale(scale, options), out)
     return out
