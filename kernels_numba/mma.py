@@ -25,6 +25,9 @@ instruction as inline assembly (llvmlite ir.InlineAsm, as numba-cuda's own cache
   instead (tile edges). `cp_async_commit()` closes a group of copies, `cp_async_wait_group(n)` makes the
   kernel-side function that waits until at most n groups are still in flight (n is part of the
   instruction). A syncthreads after the wait publishes the data to the block.
+- `pack_f32_bf16x2(lo, hi) -> uint32`: cvt.rn.bf16x2.f32, two float32 rounded to bf16 (nearest even) and packed,
+  lo in the low half, in one instruction: pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi)) bit for bit except a NaN
+  (the hardware's canonical 0x7FFF, f32_to_bf16's 0x7FC0).
 - `exp2_approx(x) -> 2^x`: ex2.approx.ftz.f32, one instruction of the special-function unit (relative error
   about 2 ulp, 2^-22; results below 2^-126 flushed to 0; 2^-inf = 0). math.exp compiles to libdevice's
   expf, several instructions around the same ex2 to reach 1 ulp.
@@ -47,6 +50,7 @@ import threading
 
 import numpy as np
 
+from .bf16 import f32_to_bf16
 from .common import SIMULATOR, cuda, jit
 
 WARP = 32
@@ -177,6 +181,20 @@ if not SIMULATOR:
             return types.void(), codegen
 
         return wait
+
+    @intrinsic
+    def pack_f32_bf16x2(typingctx, lo, hi):
+        sig = types.uint32(types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            lo_value = context.cast(builder, args[0], signature.args[0], types.float32)
+            hi_value = context.cast(builder, args[1], signature.args[1], types.float32)
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            # d = {bf16(a) in the upper half, bf16(b) in the lower}
+            asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [hi_value, lo_value])
+
+        return sig, codegen
 
     @intrinsic
     def exp2_approx(typingctx, x):
@@ -349,6 +367,9 @@ else:
         return wait
 
     _F32_TINY = np.finfo(np.float32).tiny
+
+    def pack_f32_bf16x2(lo, hi):
+        return pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi))
 
     def exp2_approx(x):  # exact 2^x rounded to float32, with the hardware's flush of results below 2^-126
         result = np.float32(np.exp2(np.float64(x)))

@@ -4,10 +4,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from kernels_numba.bf16 import f32_to_bf16_ref
 from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cdiv, cuda, jit
 from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, exp2_approx,
-                               ldmatrix_x4,
-                               ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2, shfl_xor)
+                               ldmatrix_x4, ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2,
+                               pack_f32_bf16x2, shfl_xor)
 from tests.helpers import poisoned
 
 WARPS = 2  # warps per block: each warp's lanes must meet their own warp, not the other's
@@ -271,3 +272,26 @@ def test_exp2_approx_within_two_ulp_and_flushes_like_ex2(rng):
     normal = want >= np.finfo(np.float32).tiny
     np.testing.assert_allclose(got[normal], want[normal], rtol=2.0**-21, atol=0)
     assert (got[~normal] == 0).all() and got[x == 0] == 1.0 and (~normal).sum() == 3
+
+
+@jit
+def pack_kernel(lo, hi, out):
+    i = cuda.grid(1)
+    if i < lo.size:
+        out[i] = pack_f32_bf16x2(lo[i], hi[i])
+
+
+def test_pack_f32_bf16x2_rounds_to_nearest_even_like_f32_to_bf16(rng):
+    # cvt.rn.bf16x2.f32 against the software rounding bit for bit (NaN aside): random values of every magnitude,
+    # halfway cases both ways (ties to even), +-0, +-inf, the largest float32 (rounds to inf), a denormal.
+    words = rng.integers(0, 2**32, 600, dtype=np.uint64).astype(np.uint32)
+    words = words[~np.isnan(words.view(np.float32))]
+    ties = (rng.integers(0, 2**16, 40, dtype=np.uint32) << np.uint32(16)) | np.uint32(0x8000)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.finfo(np.float32).max, 1e-40, 1.0, 0.5], np.float32)
+    values = np.concatenate([words.view(np.float32), ties.view(np.float32), special])
+    values = values[~np.isnan(values)]
+    lo, hi = values, rng.permutation(values)
+    out = cuda.to_device(np.full(values.shape, 0xDEADBEEF, np.uint32))  # not a pair of the rounded values below
+    pack_kernel[cdiv(values.size, 128), 128](cuda.to_device(lo), cuda.to_device(hi), out)
+    want = f32_to_bf16_ref(lo).astype(np.uint32) | (f32_to_bf16_ref(hi).astype(np.uint32) << np.uint32(16))
+    np.testing.assert_array_equal(out.copy_to_host(), want)

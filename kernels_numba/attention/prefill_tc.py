@@ -13,9 +13,9 @@ tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/kerne
   past each row's position to -inf, and runs the online softmax on its registers: a lane holds two
   rows (g and g + 8) and two columns of each 8-key tile, so a row's max is the lane's own max then two
   shfl_xor over the quad (lanes 4g .. 4g + 3); m rises, l and the output accumulators are rescaled by
-  2^(m_old - m_new), and P = 2^(S - m) (scores in base 2, below) becomes, packed to bf16, the A fragments of P @ V directly (an mma's
-  C layout over two 8-key tiles is the next mma's A layout over 16 keys). V's B fragments come from
-  ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and out = acc / l.
+  2^(m_old - m_new), and P = 2^(S - m) (scores in base 2, below) becomes, packed to bf16, the A fragments of
+  P @ V directly (an mma's C layout over two 8-key tiles is the next mma's A layout over 16 keys). V's B
+  fragments come from ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and out = acc / l.
 
 The pipeline (TcOptions.pipelined; the original loaded a tile, waited for it and computed, the block idle through
 every load): tile 0's copies are issued before Q is staged; then per tile t each thread waits for its copies of
@@ -30,6 +30,13 @@ The exponentials (TcOptions.exp2; the original used math.exp, libdevice's expf, 
 ex2 to reach 1 ulp): e^s = 2^(s log2 e), so the launcher hands the kernel scale * log2(e) (q_scale) and every
 score comes out of the first mma in base 2; each weight and each rescale factor is then one subtraction and one
 ex2.approx.ftz (mma.exp2_approx), 64 + 2 per lane a 64-key tile.
+
+The softmax's other per-score work, cut to what a tile needs: P's weights go to bf16 two at a time by one
+cvt.rn.bf16x2.f32 (TcOptions.cvt_pack, mma.pack_f32_bf16x2; the original rounded each by f32_to_bf16's integer
+ops, then shifted and or-ed a pair together: the same bits), and the causal mask's compares run only in a key
+tile that reaches past one of the lane's two rows (TcOptions.mask_diagonal_only): in a long prompt every other
+tile is wholly at or before both rows' positions, so none of its keys is masked (nor zero-filled: those lie past
+key_len, past every row).
 
 Error against float64 attention softmax(ln 2 * q_r . k) on the same bf16-rounded q_r = q * scale * log2(e) (the
 original: q * scale and softmax(q_r . k)), K and V: P enters the second mma rounded to bf16 (relative 2^-9) while
@@ -49,7 +56,7 @@ import numpy as np
 from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, cuda, jit, launch_stream
 from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans,
-                   mma_bf16_m16n8k16, pack_bf16x2, shfl_xor)
+                   mma_bf16_m16n8k16, pack_bf16x2, pack_f32_bf16x2, shfl_xor)
 from .paged_kv import _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
 
@@ -69,10 +76,12 @@ class TcOptions:
     at launch, is what runs; ORIGINAL_OPTIONS the first version, kept for side-by-side timing."""
     pipelined: bool = True  # a bf16 pool's tile t + 1 copied by cp.async while tile t is computed (two stages)
     exp2: bool = True       # log2(e) folded into q's scale, the softmax's exponentials one ex2.approx each
+    cvt_pack: bool = True   # P's weights rounded to bf16 and packed two at a time by one cvt.rn.bf16x2.f32
+    mask_diagonal_only: bool = True  # the causal mask's compares only in key tiles that reach past a lane's row
 
 
 TC_OPTIONS = TcOptions()
-ORIGINAL_OPTIONS = TcOptions(pipelined=False, exp2=False)
+ORIGINAL_OPTIONS = TcOptions(pipelined=False, exp2=False, cvt_pack=False, mask_diagonal_only=False)
 LN2 = math.log(2.0)
 
 
@@ -80,6 +89,12 @@ LN2 = math.log(2.0)
 def exp_f32(x):
     """e^x in float32 (libdevice's expf: the original softmax's exponential)."""
     return np.float32(math.exp(x))
+
+
+@jit(device=True)
+def pack_rounded(lo, hi):
+    """Two weights rounded to bf16 by f32_to_bf16's integer ops, then packed (the original's packing of P)."""
+    return pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi))
 
 
 def q_scale(scale: float, options: TcOptions) -> np.float32:
@@ -134,6 +149,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     chunks = head_dim // 8  # 16-byte pieces of a bf16 row
     pipelined = options.pipelined
     softmax_exp = exp2_approx if options.exp2 else exp_f32  # the scores' base: 2 (q scaled by log2 e) or e
+    pack_p = pack_f32_bf16x2 if options.cvt_pack else pack_rounded
+    mask_all_tiles = not options.mask_diagonal_only
 
     @jit(device=True)
     def round_f32_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, stage):
@@ -254,18 +271,23 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             # 3. causal mask, the rows' new max (the lane's columns, then its quad), P = exp(S - m)
             tile_max_a = minus_inf
             tile_max_b = minus_inf
-            for n in range(key_tiles):
-                key = key_start + 8 * n + 2 * quad
-                if key > pos_a:
-                    scores[n, 0] = minus_inf
-                if key + 1 > pos_a:
-                    scores[n, 1] = minus_inf
-                if key > pos_b:
-                    scores[n, 2] = minus_inf
-                if key + 1 > pos_b:
-                    scores[n, 3] = minus_inf
-                tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
-                tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
+            if mask_all_tiles or key_start + keys_per_tile - 1 > min(pos_a, pos_b):  # (padding rows: pos -1)
+                for n in range(key_tiles):
+                    key = key_start + 8 * n + 2 * quad
+                    if key > pos_a:
+                        scores[n, 0] = minus_inf
+                    if key + 1 > pos_a:
+                        scores[n, 1] = minus_inf
+                    if key > pos_b:
+                        scores[n, 2] = minus_inf
+                    if key + 1 > pos_b:
+                        scores[n, 3] = minus_inf
+                    tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
+                    tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
+            else:  # every key of the tile is at or before both rows' positions (so before key_len: no zero-filled key)
+                for n in range(key_tiles):
+                    tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
+                    tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
             tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 1))
             tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 2))
             tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 1))
@@ -295,10 +317,10 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 acc[j, 3] *= rescale_b
             # 4. acc += P @ V: P's A fragments from two 8-key score tiles, V's B fragments by ldmatrix.trans
             for p in range(key_steps):
-                a0 = pack_bf16x2(f32_to_bf16(scores[2 * p, 0]), f32_to_bf16(scores[2 * p, 1]))
-                a1 = pack_bf16x2(f32_to_bf16(scores[2 * p, 2]), f32_to_bf16(scores[2 * p, 3]))
-                a2 = pack_bf16x2(f32_to_bf16(scores[2 * p + 1, 0]), f32_to_bf16(scores[2 * p + 1, 1]))
-                a3 = pack_bf16x2(f32_to_bf16(scores[2 * p + 1, 2]), f32_to_bf16(scores[2 * p + 1, 3]))
+                a0 = pack_p(scores[2 * p, 0], scores[2 * p, 1])
+                a1 = pack_p(scores[2 * p, 2], scores[2 * p, 3])
+                a2 = pack_p(scores[2 * p + 1, 0], scores[2 * p + 1, 1])
+                a3 = pack_p(scores[2 * p + 1, 2], scores[2 * p + 1, 3])
                 for s in range(d_steps):
                     b0, b1, b2, b3 = ldmatrix_x4_trans(kv, v_slab, 16 * p + lane % 16, 16 * s + 8 * (lane // 16))
                     acc[2 * s, 0], acc[2 * s, 1], acc[2 * s, 2], acc[2 * s, 3] = mma_bf16_m16n8k16(
