@@ -3,15 +3,16 @@
 head_dim 64, blocks of 16), launches captured in a CUDA graph (sweep_gemv.time_in_graph).
 
     python scripts/time_prefill_attention.py [--tokens 1024,4096] [--repeats 10] [--kv-dtype bfloat16] [--ablate]
-                                             [--tc-variants 8x64,8x32]
+                                             [--max-registers 128] [--tc-variants 8x64,8x32]
 --kv-dtype: the pool's dtype (float32, or bfloat16: the same random K/V rounded to bf16 bits by kv_dtype's encoder,
 as the fast precision's default pool holds them; prefill_tc then copies its key tiles by cp.async).
-Runs prefill_gqa, "prefill_tc original" (prefill_tc.ORIGINAL_OPTIONS: every refinement off)
-and "prefill_tc" (TC_OPTIONS, what the runner launches), with --ablate "prefill_tc without X" for each refinement X
-of TcOptions (all others on: what X alone is worth), then each WARPSxKEYS of --tc-variants (warps per block x keys per
-shared K/V tile) with TC_OPTIONS. TFLOP/s counts the causal half: 2 T^2 head_dim n_heads FLOPs (Q K^T and
-P V). Then max |difference| of the new prefill_tc against the original and against prefill_gqa (float32 math on
-the pool's values): ~1e-2 expected for both (the tensor-core kernels round q and P to bf16; the new one rounds
+Runs prefill_gqa, "prefill_tc original" (prefill_tc.ORIGINAL_OPTIONS: every refinement off) and "prefill_tc"
+(TC_OPTIONS, what the runner launches); with --ablate "prefill_tc without X" for each refinement X of TcOptions
+(all others on: what X alone is worth); with --max-registers "prefill_tc max_registers=N" (TC_OPTIONS capped at N
+registers a thread: two 8-warp blocks an SM fit at 128); then each WARPSxKEYS of --tc-variants (warps per block x
+keys per shared K/V tile) with TC_OPTIONS. TFLOP/s counts the causal half: 2 T^2 head_dim n_heads FLOPs (Q K^T
+and P V). Then max |difference| of the new prefill_tc against the original and against prefill_gqa (float32 math
+on the pool's values): ~1e-2 expected for both (the tensor-core kernels round q and P to bf16; the new one rounds
 q * scale * log2(e), the original q * scale).
 """
 import argparse
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 64, 16
 
 
-def kernels(spec: str, ablate: bool, seq, pos):
+def kernels(spec: str, ablate: bool, max_registers: str, seq, pos):
     """(name, launcher, tiles): prefill_gqa, prefill_tc's original and current options, then --tc-variants."""
     from kernels_numba.attention import (build_prefill_gqa_tiles, build_prefill_tc_tiles, paged_attention_prefill_gqa,
                                          paged_attention_prefill_tc)
@@ -43,6 +44,10 @@ def kernels(spec: str, ablate: bool, seq, pos):
             without = dataclasses.replace(TC_OPTIONS, **{field.name: False})
             yield (f"prefill_tc without {field.name}", functools.partial(paged_attention_prefill_tc, options=without),
                    tc_tiles)
+    for registers in (int(r) for r in filter(None, max_registers.split(","))):
+        yield (f"prefill_tc max_registers={registers}",
+               functools.partial(paged_attention_prefill_tc,
+                                 options=dataclasses.replace(TC_OPTIONS, max_registers=registers)), tc_tiles)
     for item in filter(None, spec.split(",")):
         warps, keys = (int(v) for v in item.split("x"))
         yield (f"prefill_tc {warps}x{keys}",
@@ -56,6 +61,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kv-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--ablate", action="store_true", help="also prefill_tc without each TcOptions refinement")
+    parser.add_argument("--max-registers", default="", help="also prefill_tc with each register cap, e.g. 128")
     parser.add_argument("--tc-variants", default="", help="prefill_tc WARPSxKEYS,... (default: its defaults only)")
     args = parser.parse_args()
     from kernels_numba.common import cuda
@@ -75,7 +81,7 @@ def main():
         pos = cuda.to_device(np.arange(tokens, dtype=np.int32))
         outs = {}
         flops = 2.0 * tokens * tokens * HEAD_DIM * N_HEADS
-        for name, launcher, tiles in kernels(args.tc_variants, args.ablate, seq, pos):
+        for name, launcher, tiles in kernels(args.tc_variants, args.ablate, args.max_registers, seq, pos):
             out = cuda.to_device(np.full((tokens, N_HEADS, HEAD_DIM), np.nan, np.float32))
             launch = lambda i: launcher(q, k_pool, v_pool, tables, seq, pos, 0.125, out=out, tiles=tiles)
             launch(0)

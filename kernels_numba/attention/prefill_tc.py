@@ -78,6 +78,8 @@ class TcOptions:
     exp2: bool = True       # log2(e) folded into q's scale, the softmax's exponentials one ex2.approx each
     cvt_pack: bool = True   # P's weights rounded to bf16 and packed two at a time by one cvt.rn.bf16x2.f32
     mask_diagonal_only: bool = True  # the causal mask's compares only in key tiles that reach past a lane's row
+    max_registers: int = 0  # a cap on registers a thread (0: the compiler's choice; 157 at head_dim 64 in round 6,
+                            # so one 8-warp block an SM: 128 would let two in, if it does not spill)
 
 
 TC_OPTIONS = TcOptions()
@@ -188,7 +190,7 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     load_kv_tile = copy_bf16_tile if bf16_pool else round_f32_tile
     wait_landed = cp_async_wait_all  # all but 0 groups: the tile just waited for is the only one in flight
 
-    @jit
+    @(jit(max_registers=options.max_registers) if options.max_registers else jit)
     def kernel(q, k_rows, v_rows, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out):
         # slab 2 s: stage s's K tile, 2 s + 1 its V tile; Q's rows first, from slab Q_SLAB on (one array: the
         # simulator aliases shared arrays declared on one line, so keep one a line)
