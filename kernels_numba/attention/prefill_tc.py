@@ -15,7 +15,8 @@ tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/kerne
   shfl_xor over the quad (lanes 4g .. 4g + 3); m rises, l and the output accumulators are rescaled by
   2^(m_old - m_new), and P = 2^(S - m) (scores in base 2, below) becomes, packed to bf16, the A fragments of
   P @ V directly (an mma's C layout over two 8-key tiles is the next mma's A layout over 16 keys). V's B
-  fragments come from ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and out = acc / l.
+  fragments come from ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and
+  out = acc / l.
 
 The pipeline (TcOptions.pipelined; the original loaded a tile, waited for it and computed, the block idle through
 every load): tile 0's copies are issued before Q is staged; then per tile t each thread waits for its copies of
@@ -29,7 +30,7 @@ loader rounds with plain stores, so it cannot overlap: it runs in the same loop,
 The exponentials (TcOptions.exp2; the original used math.exp, libdevice's expf, several instructions around one
 ex2 to reach 1 ulp): e^s = 2^(s log2 e), so the launcher hands the kernel scale * log2(e) (q_scale) and every
 score comes out of the first mma in base 2; each weight and each rescale factor is then one subtraction and one
-ex2.approx.ftz (mma.exp2_approx), 64 + 2 per lane a 64-key tile.
+ex2.approx.ftz (mma.exp2_approx): 32 + 2 a lane per 64-key tile.
 
 The softmax's other per-score work, cut to what a tile needs: P's weights go to bf16 two at a time by one
 cvt.rn.bf16x2.f32 (TcOptions.cvt_pack, mma.pack_f32_bf16x2; the original rounded each by f32_to_bf16's integer
@@ -40,12 +41,13 @@ key_len, past every row).
 
 Error against float64 attention softmax(ln 2 * q_r . k) on the same bf16-rounded q_r = q * scale * log2(e) (the
 original: q * scale and softmax(q_r . k)), K and V: P enters the second mma rounded to bf16 (relative 2^-9) while
-l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus float32 sums; tests/test_prefill_tc.py
-checks 2^-7 of it. ex2.approx adds about 2 ulp (2^-22) of relative error to each p_j, the same p_j in P's numerator
-and in l, so the output moves by at most ~2^-21 of that weighted sum: 2^13 times below P's bf16 rounding (and
-weights below 2^-126 of the row's max, flushed to 0, are as far below). Rounding q * scale * log2(e) instead of
-q * scale to bf16 is a different rounding of the same relative size: against the original kernel the output
-differs by about as much as either differs from float32 attention (~1e-2 at unit-variance inputs).
+l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus float32 sums;
+tests/test_prefill_tc.py checks 2^-7 of it. ex2.approx adds about 2 ulp (2^-22) of relative error to each p_j,
+the same p_j in P's numerator and in l, so the output moves by at most ~2^-21 of that weighted sum: 2^13 times
+below P's bf16 rounding (and weights below 2^-126 of the row's max, flushed to 0, are as far below). Rounding
+q * scale * log2(e) instead of q * scale to bf16 is a different rounding of the same relative size: against the
+original kernel the output differs by about as much as either differs from float32 attention (~1e-2 at
+unit-variance inputs).
 """
 from dataclasses import dataclass
 import functools
