@@ -25,6 +25,12 @@ instruction as inline assembly (llvmlite ir.InlineAsm, as numba-cuda's own cache
   instead (tile edges). `cp_async_commit()` closes a group of copies, `cp_async_wait_group(n)` makes the
   kernel-side function that waits until at most n groups are still in flight (n is part of the
   instruction). A syncthreads after the wait publishes the data to the block.
+- `pack_f32_bf16x2(lo, hi) -> uint32`: cvt.rn.bf16x2.f32, two float32 rounded to bf16 (nearest even) and packed,
+  lo in the low half, in one instruction: pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi)) bit for bit except a NaN
+  (the hardware's canonical 0x7FFF, f32_to_bf16's 0x7FC0).
+- `exp2_approx(x) -> 2^x`: ex2.approx.ftz.f32, one instruction of the special-function unit (relative error
+  about 2 ulp, 2^-22; results below 2^-126 flushed to 0; 2^-inf = 0). math.exp compiles to libdevice's
+  expf, several instructions around the same ex2 to reach 1 ulp.
 - `load_x4(array, i, j) -> 4 values`: ld.global.nc.v4 (one 128-bit load of 4 32-bit elements,
   array[i, j:j+4]; j a multiple of 4 and rows 16-byte aligned).
 
@@ -33,13 +39,18 @@ from them runs there unchanged. A simulated CUDA thread is a Python thread, so t
 the warp's 32 lanes meet: each lane leaves its operands in its warp's slot, waits for the other 31 (a
 barrier of the warp alone, `_WarpMeeting`), then reads what it needs of everyone's operands (double
 buffered, so one barrier per op). The twin mma computes D = C + A @ B in float64 and rounds once to float32
-(an ideal tensor core); the copies are plain synchronous copies, their waits no-ops.
+(an ideal tensor core). A copy lands as late as the hardware may land it: cp_async_16 only records it in the
+thread's open group, and the copies of a committed group land when the thread waits with that group among those
+it must not leave in flight (never, without such a wait). A kernel that reads a stage it has not waited for then
+reads stale data in the simulator too; one that forgets the syncthreads after the wait is caught only when
+the simulated warps happen to interleave badly.
 """
 import functools
 import threading
 
 import numpy as np
 
+from .bf16 import f32_to_bf16
 from .common import SIMULATOR, cuda, jit
 
 WARP = 32
@@ -172,6 +183,32 @@ if not SIMULATOR:
         return wait
 
     @intrinsic
+    def pack_f32_bf16x2(typingctx, lo, hi):
+        sig = types.uint32(types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            lo_value = context.cast(builder, args[0], signature.args[0], types.float32)
+            hi_value = context.cast(builder, args[1], signature.args[1], types.float32)
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            # d = {bf16(a) in the upper half, bf16(b) in the lower}
+            asm = ir.InlineAsm(ir.FunctionType(i32, [f32, f32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [hi_value, lo_value])
+
+        return sig, codegen
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            value = context.cast(builder, args[0], signature.args[0], types.float32)
+            f32 = ir.FloatType()
+            asm = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(asm, [value])
+
+        return sig, codegen
+
+    @intrinsic
     def load_x4(typingctx, array, i, j):
         _check_array("load_x4", array, 2, 32)
         sig = types.UniTuple(array.dtype, 4)(array, i, j)
@@ -296,25 +333,47 @@ else:
         phase = meeting.meet(lane, value, thread)
         return meeting.operands[phase][lane ^ lane_mask]
 
+    def _cp_async_groups():
+        """This simulated thread's copies in flight: a list of committed groups, then the open one (a list of
+        pending copies each)."""
+        thread = threading.current_thread()
+        if not hasattr(thread, "_cp_async_groups"):
+            thread._cp_async_groups = [[]]
+        return thread._cp_async_groups
+
+    def _land(copy):
+        smem, s, r, c, gmem, gr, gc, src_bytes = copy
+        for e in range(8):
+            smem[s, r, c + e] = gmem[gr, gc + e] if src_bytes else 0
+
     def cp_async_16(smem, s, r, c, gmem, gr, gc, src_bytes):
-        if src_bytes:
-            for e in range(8):
-                smem[s, r, c + e] = gmem[gr, gc + e]
-        else:
-            for e in range(8):
-                smem[s, r, c + e] = 0
+        _cp_async_groups()[-1].append((smem, s, r, c, gmem, gr, gc, src_bytes))
 
     def cp_async_commit():
-        pass
+        _cp_async_groups().append([])
 
     @functools.cache
     def cp_async_wait_group(n: int):
         assert n >= 0
 
-        def wait():  # the simulated copies are done when cp_async_16 returns
-            pass
+        def wait():  # the copies land as late as the hardware may land them: when a wait covers their group
+            groups = _cp_async_groups()
+            committed = len(groups) - 1
+            while committed > n:
+                for copy in groups.pop(0):
+                    _land(copy)
+                committed -= 1
 
         return wait
+
+    _F32_TINY = np.finfo(np.float32).tiny
+
+    def pack_f32_bf16x2(lo, hi):
+        return pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi))
+
+    def exp2_approx(x):  # exact 2^x rounded to float32, with the hardware's flush of results below 2^-126
+        result = np.float32(np.exp2(np.float64(x)))
+        return np.float32(0.0) if result < _F32_TINY else result
 
     def load_x4(array, i, j):
         return array[i, j], array[i, j + 1], array[i, j + 2], array[i, j + 3]

@@ -1,7 +1,7 @@
 """On the GPU: compile gemm_tc for every tile shape scripts/sweep_tc_gemm.py sweeps (and the residual epilogue at
 the default tile, split-K at the default and small tiles) and the tensor-core prefill attention, then read each
-kernel's SASS (nvdisasm): tensor-core mmas (HMMA), ldmatrix (LDSM) and, in gemm_tc, cp.async (LDGSTS) must be
-there, local memory (LDL / STL: spills or a register array indexed at run time) must not.
+kernel's SASS (nvdisasm): tensor-core mmas (HMMA), ldmatrix (LDSM) and, in gemm_tc and prefill_tc from a bf16 pool,
+cp.async (LDGSTS) must be there, local memory (LDL / STL: spills or a register array indexed at run time) must not.
 
     python scripts/check_tc_sass.py            # prints one line per kernel, then PASS or FAIL (exit status 1)
 """
@@ -50,22 +50,33 @@ def main() -> int:
             print(f"{'ok  ' if ok else 'FAIL'} {tile}{' +residual' if with_residual else ''}"
                   f"{' split-K' if splits > 1 else ''}: HMMA {hmma}, LDSM {ldsm}, "
                   f"LDGSTS {ldgsts}, LDL/STL {local}, registers {regs}", flush=True)
-    # prefill_tc at Llama-3.2-1B's shape (head_dim 64, 4 heads a KV head, blocks of 16): HMMA and LDSM, no local memory
-    from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, paged_attention_prefill_tc_kernel
-    from kernels_numba.attention.prefill_tc import TC_KEY_TILE, TC_WARPS
-    pool = cuda.to_device(np.zeros((2, 16, 1, 64), np.float32))
-    one = cuda.to_device(np.zeros(1, np.int32))
-    paged_attention_prefill_tc(cuda.to_device(np.zeros((1, 4, 64), np.float32)), pool, pool,
-                               cuda.to_device(np.zeros((1, 2), np.int32)), one, one, 0.125)
-    cuda.synchronize()
-    kernel = paged_attention_prefill_tc_kernel(64, 4, 16, TC_WARPS, TC_KEY_TILE)
-    for signature, sass in kernel.inspect_sass().items():
-        hmma, ldsm = count(sass, "HMMA"), count(sass, "LDSM")
-        local = count(sass, "LDL") + count(sass, "STL")
-        ok = hmma > 0 and ldsm > 0 and local == 0
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} prefill_tc (head_dim 64, group 4): HMMA {hmma}, LDSM {ldsm}, LDL/STL {local}, "
-              f"registers {kernel.overloads[signature].regs_per_thread}", flush=True)
+    # prefill_tc at Llama-3.2-1B's shape (head_dim 64, 4 heads a KV head, blocks of 16), either pool: HMMA and LDSM
+    # (and LDGSTS from a bf16 pool), no local memory; the same with TcOptions.max_registers 128 for information (two
+    # 8-warp blocks an SM if it does not spill). The kernel is looked up with the launcher's exact arguments (a
+    # functools.cache key), and a kernel with no SASS fails.
+    import dataclasses
+    from kernels_numba.attention.prefill_tc import (TC_KEY_TILE, TC_OPTIONS, TC_WARPS, paged_attention_prefill_tc,
+                                                    paged_attention_prefill_tc_kernel)
+    for pool_dtype, options, counts in ((np.float32, TC_OPTIONS, True), (np.uint16, TC_OPTIONS, True),
+                                        (np.uint16, dataclasses.replace(TC_OPTIONS, max_registers=128), False)):
+        pool = cuda.to_device(np.zeros((2, 16, 1, 64), pool_dtype))
+        one = cuda.to_device(np.zeros(1, np.int32))
+        paged_attention_prefill_tc(cuda.to_device(np.zeros((1, 4, 64), np.float32)), pool, pool,
+                                   cuda.to_device(np.zeros((1, 2), np.int32)), one, one, 0.125, options=options)
+        cuda.synchronize()
+        bf16_pool = pool_dtype == np.uint16
+        kernel = paged_attention_prefill_tc_kernel(64, 4, 16, TC_WARPS, TC_KEY_TILE, bf16_pool, options)
+        sasses = kernel.inspect_sass()
+        failures += counts and not sasses
+        for signature, sass in sasses.items():
+            hmma, ldsm, ldgsts = count(sass, "HMMA"), count(sass, "LDSM"), count(sass, "LDGSTS")
+            local = count(sass, "LDL") + count(sass, "STL")
+            ok = hmma > 0 and ldsm > 0 and local == 0 and (ldgsts > 0 or not bf16_pool)
+            failures += counts and not ok
+            print(f"{('ok  ' if ok else 'FAIL') if counts else 'info'} prefill_tc (head_dim 64, group 4, "
+                  f"{'bf16' if bf16_pool else 'float32'} pool, max_registers {options.max_registers}): HMMA {hmma}, "
+                  f"LDSM {ldsm}, LDGSTS {ldgsts}, LDL/STL {local}, "
+                  f"registers {kernel.overloads[signature].regs_per_thread}", flush=True)
     print("sass check:", "PASS" if failures == 0 else f"FAIL ({failures} kernels)")
     return 1 if failures else 0
 

@@ -25,7 +25,7 @@ timeout 60 python3 scripts/check_tc_sass.py > "$OUT/check_tc_sass.log" 2>&1
 SASS_RC=$?
 timeout 180 python3 scripts/sweep_tc_gemm.py --tokens 128,512,4096 > "$OUT/sweep_tc_gemm.log" 2>&1
 SWEEP_RC=$?
-timeout 45 python3 scripts/time_prefill_attention.py --tokens 1024,4096 > "$OUT/time_prefill_attention.log" 2>&1
+timeout 120 python3 scripts/time_prefill_attention.py --tokens 1024,4096 > "$OUT/time_prefill_attention.log" 2>&1
 ATTN_RC=$?
 echo "== gpu tests (mma, gemm_tc, prefill_tc): rc=$TC_RC"; tail -1 "$OUT/gpu_tests_tc.log"
 grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests_tc.log" | head -10

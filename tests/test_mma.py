@@ -4,9 +4,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels_numba.common import SHARED_ALIGN, cuda, jit
-from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, ldmatrix_x4,
-                               ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2, shfl_xor)
+from kernels_numba.bf16 import f32_to_bf16_ref
+from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cdiv, cuda, jit
+from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, exp2_approx,
+                               ldmatrix_x4, ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2,
+                               pack_f32_bf16x2, shfl_xor)
 from tests.helpers import poisoned
 
 WARPS = 2  # warps per block: each warp's lanes must meet their own warp, not the other's
@@ -197,6 +199,40 @@ def test_cp_async_copies_in_groups_and_zero_fills(rng):
 
 
 @jit
+def cp_async_lands_late_kernel(src, seen):
+    """Thread 0 copies src's 8 bf16 into a tile holding 0xFFFF and records the tile after each step: issued,
+    committed, waited for all but one group, waited for all."""
+    tile = cuda.shared.array((1, 1, 8), np.uint16, alignment=SHARED_ALIGN)
+    if cuda.threadIdx.x == 0:
+        for e in range(8):
+            tile[0, 0, e] = np.uint16(0xFFFF)
+        cp_async_16(tile, 0, 0, 0, src, 0, 0, 16)
+        for e in range(8):
+            seen[0, e] = tile[0, 0, e]
+        cp_async_commit()
+        for e in range(8):
+            seen[1, e] = tile[0, 0, e]
+        wait_one()
+        for e in range(8):
+            seen[2, e] = tile[0, 0, e]
+        cp_async_wait_all()
+        for e in range(8):
+            seen[3, e] = tile[0, 0, e]
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="on the GPU a copy may land any time before its wait")
+def test_simulated_cp_async_lands_only_at_a_wait_that_covers_it(rng):
+    # The latest moment the hardware may land a copy, so a kernel that reads a stage before waiting for it (or waits
+    # for the wrong group) reads stale data in the simulator too (tests/test_prefill_tc.py's mutations).
+    src = _bf16_bits(rng, (1, 8))
+    seen = poisoned((4, 8), np.uint16)
+    cp_async_lands_late_kernel[1, 32](cuda.to_device(src), seen)
+    seen = seen.copy_to_host()
+    np.testing.assert_array_equal(seen[:3], np.full((3, 8), 0xFFFF, np.uint16))
+    np.testing.assert_array_equal(seen[3], src[0])
+
+
+@jit
 def load_x4_kernel(values, out):
     i = cuda.threadIdx.x
     rows, cols = values.shape
@@ -216,3 +252,46 @@ def test_load_x4_reads_four_32_bit_values(rng, dtype):
     out = cuda.to_device(np.full((3, 8), np.nan, np.float32).view(dtype))
     load_x4_kernel[1, 32](cuda.to_device(values), out)
     np.testing.assert_array_equal(out.copy_to_host(), values)
+
+
+@jit
+def exp2_kernel(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = exp2_approx(x[i])
+
+
+def test_exp2_approx_within_two_ulp_and_flushes_like_ex2(rng):
+    # ex2.approx.ftz.f32: relative error about 2^-22 (tested: 2^-21); 2^-inf = 0, results below 2^-126 flush to 0
+    # (the softmax's masked keys and far-below-the-max weights), 2^0 = 1 exactly (the row's max key).
+    x = np.concatenate([rng.uniform(-30, 0, 200), rng.uniform(-126, 127, 200),
+                        [0.0, -np.inf, -130.0, -149.0, 1.0, -1.0]]).astype(np.float32)
+    out = poisoned(x.shape, np.float32)
+    exp2_kernel[cdiv(x.size, 128), 128](cuda.to_device(x), out)
+    got, want = out.copy_to_host().astype(np.float64), np.exp2(x.astype(np.float64))
+    normal = want >= np.finfo(np.float32).tiny
+    np.testing.assert_allclose(got[normal], want[normal], rtol=2.0**-21, atol=0)
+    assert (got[~normal] == 0).all() and got[x == 0] == 1.0 and (~normal).sum() == 3
+
+
+@jit
+def pack_kernel(lo, hi, out):
+    i = cuda.grid(1)
+    if i < lo.size:
+        out[i] = pack_f32_bf16x2(lo[i], hi[i])
+
+
+def test_pack_f32_bf16x2_rounds_to_nearest_even_like_f32_to_bf16(rng):
+    # cvt.rn.bf16x2.f32 against the software rounding bit for bit (NaN aside): random values of every magnitude,
+    # halfway cases both ways (ties to even), +-0, +-inf, the largest float32 (rounds to inf), a denormal.
+    words = rng.integers(0, 2**32, 600, dtype=np.uint64).astype(np.uint32)
+    words = words[~np.isnan(words.view(np.float32))]
+    ties = (rng.integers(0, 2**16, 40, dtype=np.uint32) << np.uint32(16)) | np.uint32(0x8000)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.finfo(np.float32).max, 1e-40, 1.0, 0.5], np.float32)
+    values = np.concatenate([words.view(np.float32), ties.view(np.float32), special])
+    values = values[~np.isnan(values)]
+    lo, hi = values, rng.permutation(values)
+    out = cuda.to_device(np.full(values.shape, 0xDEADBEEF, np.uint32))  # not a pair of the rounded values below
+    pack_kernel[cdiv(values.size, 128), 128](cuda.to_device(lo), cuda.to_device(hi), out)
+    want = f32_to_bf16_ref(lo).astype(np.uint32) | (f32_to_bf16_ref(hi).astype(np.uint32) << np.uint32(16))
+    np.testing.assert_array_equal(out.copy_to_host(), want)

@@ -1,5 +1,6 @@
 """paged_attention_prefill_tc (FlashAttention-2 on tensor cores) against float64 attention on the same bf16-rounded
 q * scale, K and V, over test_paged_attention's steps (shuffled block tables, poisoned pool entries nobody wrote)."""
+import dataclasses
 import functools
 
 import ml_dtypes
@@ -8,10 +9,11 @@ import pytest
 
 from kernels_numba.attention import (PrefillTiles, gqa_shape, max_prefill_tiles, paged_attention_prefill_gqa,
                                      paged_attention_ref, prefill_tiles_host)
-from kernels_numba.attention.prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc, tc_queries_per_tile
+from kernels_numba.attention.prefill_tc import (ORIGINAL_OPTIONS, TC_OPTIONS, build_prefill_tc_tiles,
+                                                paged_attention_prefill_tc, tc_queries_per_tile, tc_shared_bytes)
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
-from tests.test_paged_attention import LOG_F32_MAX, _gather, _scenario, _step, _stretch, _write
+from tests.test_paged_attention import LOG_F32_MAX, SeqSpec, _gather, _scenario, _step, _stretch, _write
 
 # (block_size, n_heads, n_kv_heads, head_dim): groups 1, 2 and 4, head_dim 16 (one k step of Q K^T) and 32 (two);
 # group 3 (SmolLM2's) does not divide a warp's 16 rows: 5 queries a tile and one padding row
@@ -23,15 +25,19 @@ def _bf16(x):
 
 
 def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1, keys_per_tile=16, q_gain=1.0,
-              score_offset=0.0, kv_dtype=np.float32, want_bits=None):
+              score_offset=0.0, kv_dtype=np.float32, options=None):
     """Run the step through prefill_tc (in the simulator: 1-warp blocks of 16 / group queries, 16-key tiles, so the
     scenarios' up-to-33-key contexts cross 3 key tiles and their queries several query tiles). Bound: P enters the
     second mma as bf16 (2^-9 relative) while l sums float32 P: 2^-8 of W = sum_j p_j |v_j| / sum_j p_j, plus the
     float32 sums; 2^-7 W checked. The scores' own float32 error E (head_dim products of bf16, 2^-23 each of
     sum |q k|) moves the weights by at most a factor exp(2E), as in test_paged_attention's _tolerance.
     kv_dtype np.uint16: bf16 pools (the same bound: the kernel rounds a float32 pool's K/V to exactly those bits).
-    Returns (scores, the output's bits)."""
-    step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim)
+    With TcOptions.exp2 the kernel rounds q * scale * log2(e) to bf16 and exponentiates base 2: the reference is
+    softmax(ln 2 * q_r . k) on that q_r, and ex2.approx's 2^-22 relative error on each weight (the same weight in
+    P's numerator and in l) is far inside the 2^-9 of P's bf16 rounding: the same bound.
+    scenario: a test_paged_attention scenario's name, or its list of SeqSpec. Returns (scores, the output's bits)."""
+    specs = _scenario(scenario, block_size) if isinstance(scenario, str) else scenario
+    step = _step(rng, specs, block_size, n_heads, n_kv_heads, head_dim)
     scale = 1.0 / np.sqrt(head_dim)
     _stretch(step, scale, q_gain, score_offset)
     d_k_pool, d_v_pool, k_pool, v_pool = _write(step, kv_dtype)
@@ -40,13 +46,15 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     out = poisoned(step.q.shape, np.float32)
     got = paged_attention_prefill_tc(cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables),
                                      d_seq, d_pos, scale, out=out, tiles=tiles, warps=warps,
-                                     keys_per_tile=keys_per_tile)
+                                     keys_per_tile=keys_per_tile, options=options)
     assert got is out
     got = got.copy_to_host()
     assert np.isfinite(got).all(), "the kernel left an output unwritten, read a poisoned entry or overflowed"
-    q_r = _bf16(step.q * np.float32(scale))  # what the kernel feeds the mma: the float32 product, rounded
+    options = TC_OPTIONS if options is None else options
+    score_unit = np.log(2.0) if options.exp2 else 1.0  # q_r . k in natural-log units
+    q_r = _bf16(step.q * np.float32(scale / score_unit))  # what the kernel feeds the mma: the float32 product, rounded
     k_r, v_r = _bf16(k_pool), _bf16(v_pool)
-    args = (step.block_tables, step.query_seq, step.query_pos, 1.0)
+    args = (step.block_tables, step.query_seq, step.query_pos, score_unit)
     want = paged_attention_ref(q_r, k_r, v_r, *args)
     weight = paged_attention_ref(q_r, k_r, np.abs(v_r), *args).astype(np.float64)
     group = n_heads // n_kv_heads
@@ -55,19 +63,46 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     for t, (s, p) in enumerate(zip(step.query_seq, step.query_pos)):
         keys = _gather(k_r, step.block_tables, s, p + 1).astype(np.float64)
         for h in range(n_heads):
-            score_err[t, h] = head_dim * 2.0**-23 * (np.abs(keys[:, h // group]) @ np.abs(q_r[t, h])).max()
-            scores.append(keys[:, h // group] @ q_r[t, h])
+            score_err[t, h] = score_unit * head_dim * 2.0**-23 * (np.abs(keys[:, h // group]) @ np.abs(q_r[t, h])).max()
+            scores.append(score_unit * keys[:, h // group] @ q_r[t, h])
     tol = (2.0**-7 + np.expm1(2 * score_err)) * weight + 1e-6
     err = np.abs(got.astype(np.float64) - want)
     assert (err <= tol).all(), f"max err {err.max()}, worst err/tol {(err / tol).max()}"
     return scores, got.view(np.uint32)
 
 
+KV_DTYPES = pytest.mark.parametrize("kv_dtype", [np.float32, np.uint16], ids=["f32_pool", "bf16_pool"])
+
+
+@KV_DTYPES
 @pytest.mark.parametrize("scenario, layout", [
     ("whole_prompt", TC_LAYOUTS[0]), ("chunked", TC_LAYOUTS[1]), ("shared_prefix", TC_LAYOUTS[2]),
     ("decode", TC_LAYOUTS[1]), ("chunked", TC_LAYOUTS[3])])
-def test_prefill_tc_matches_ref(rng, scenario, layout):
-    _check_tc(rng, scenario, *layout)
+def test_prefill_tc_matches_ref(rng, scenario, layout, kv_dtype):
+    _check_tc(rng, scenario, *layout, kv_dtype=kv_dtype)
+
+
+# Many key tiles through the two-stage pipeline (16-key tiles): a 40-token chunk after a 30-token cached prefix (5
+# tiles), a 13-token chunk after sequence 0's first 3 blocks (a shared cached prefix, 3 tiles), a 35-token prompt
+# (3 tiles, the last partial); GQA group 3 in 2-warp blocks (10 queries and 2 padding rows a block), so a warp
+# that ran ahead into a stage another warp has not finished copying or reading would be seen.
+PIPELINE_SPECS = [SeqSpec(70, 30), SeqSpec(12 + 13, 12, 0, 3), SeqSpec(35, 0)]
+
+
+@KV_DTYPES
+def test_prefill_tc_pipeline_over_many_key_tiles(rng, kv_dtype):
+    assert tc_shared_bytes(16, 2, 16) == 2 * 4 * 16 * 24  # two stages of K and V; Q over the second
+    _check_tc(rng, PIPELINE_SPECS, 4, 6, 2, 16, warps=2, kv_dtype=kv_dtype)
+
+
+@pytest.mark.parametrize("options", [ORIGINAL_OPTIONS, dataclasses.replace(TC_OPTIONS, max_registers=128)],
+                         ids=["original", "max_registers_128"])
+def test_prefill_tc_other_options_still_match(rng, options):
+    # ORIGINAL_OPTIONS (kept to time old against new: unpipelined, e-based, f32_to_bf16 packing, every tile masked)
+    # within the same bound, on the bf16 pool it copies unpipelined; and the register cap the timing script tries
+    # (on the GPU: the kernel compiled under it; in the simulator there is no cap)
+    assert options != TC_OPTIONS
+    _check_tc(rng, PIPELINE_SPECS[:1], 4, 6, 2, 16, warps=2, kv_dtype=np.uint16, options=options)
 
 
 def test_prefill_tc_at_the_gpu_shape(rng):

@@ -24,8 +24,8 @@ write_kv_paged, rope.rope_qkv with the pools (prefill steps, and every step in t
 RopeKVEpilogue (GPU decode steps). Every paged launcher above reads either pool (kv_to_f32 on each element, float32
 math after it; numba compiles one kernel per pool dtype); decode_gqa and flash_decode load a bf16 pool
 KV_BF16_PER_LOAD elements at a time (uint32 words by default) and unpack them into their float32 tiles; prefill_tc
-copies a bf16 pool's rows into its bf16 tiles by 16-byte cp.async instead of rounding float32 ones. The contiguous
-cache stays float32.
+copies a bf16 pool's rows into its bf16 tiles by 16-byte cp.async (the next key tile's while it computes on
+this one) instead of rounding float32 ones. The contiguous cache stays float32.
 
 Every paged launcher has the same contract: q [T, n_heads, head_dim], query t of sequence query_seq[t] (a row
 of block_tables) at position query_pos[t] attends to that sequence's keys 0..query_pos[t] in the pools

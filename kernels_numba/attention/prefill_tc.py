@@ -8,18 +8,48 @@ tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/kerne
   head_dim in registers. Per key tile of keys_per_tile positions (never past the tile's last query): the
   block puts the tile's K and V rows (through the block table) in shared memory as bf16: a float32 pool's
   rounded one element at a time, a bf16 pool's copied 16 bytes (8 bf16) at a time by cp.async, no rounding;
+  two stages of K and V, so the copies of tile t + 1 are in flight while the warps compute on tile t (below);
   each warp computes S = Q K^T for its 16 rows (ldmatrix of K as B: K [key][dim] is B "col"), masks keys
   past each row's position to -inf, and runs the online softmax on its registers: a lane holds two
   rows (g and g + 8) and two columns of each 8-key tile, so a row's max is the lane's own max then two
   shfl_xor over the quad (lanes 4g .. 4g + 3); m rises, l and the output accumulators are rescaled by
-  exp(m_old - m_new), and P = exp(S - m) becomes, packed to bf16, the A fragments of P @ V directly (an mma's
-  C layout over two 8-key tiles is the next mma's A layout over 16 keys). V's B fragments come from
-  ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and out = acc / l.
+  2^(m_old - m_new), and P = 2^(S - m) (scores in base 2, below) becomes, packed to bf16, the A fragments of
+  P @ V directly (an mma's C layout over two 8-key tiles is the next mma's A layout over 16 keys). V's B
+  fragments come from ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and
+  out = acc / l.
 
-Error against float64 attention on the same bf16-rounded q * scale, K and V: P enters the second mma rounded
-to bf16 (relative 2^-9) while l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus
-float32 sums; tests/test_prefill_tc.py checks 2^-7 of it.
+The pipeline (TcOptions.pipelined; the original loaded a tile, waited for it and computed, the block idle through
+every load): tile 0's copies are issued before Q is staged; then per tile t each thread waits for its copies of
+tile t (cp.async.wait_group 0: the only group in flight), one syncthreads publishes them to the block and also
+proves every warp has finished with the other stage (tile t - 1's, or Q's rows, which lie over stage 1: Q is read
+into registers once, before the first tile), the copies of tile t + 1 go to that stage and are committed as a group,
+and the warps compute tile t. One barrier a tile, as gemm_tc's loop. Shared memory: K and V of two stages (4 x 64
+rows x 72 bf16 = 36 KB at head_dim 64), the same as one stage beside a separate Q tile took. A float32 pool's
+loader rounds with plain stores, so it cannot overlap: it runs in the same loop, its waits empty.
+
+The exponentials (TcOptions.exp2; the original used math.exp, libdevice's expf, several instructions around one
+ex2 to reach 1 ulp): e^s = 2^(s log2 e), so the launcher hands the kernel scale * log2(e) (q_scale) and every
+score comes out of the first mma in base 2; each weight and each rescale factor is then one subtraction and one
+ex2.approx.ftz (mma.exp2_approx): 32 + 2 a lane per 64-key tile.
+
+The softmax's other per-score work, cut to what a tile needs: P's weights go to bf16 two at a time by one
+cvt.rn.bf16x2.f32 (TcOptions.cvt_pack, mma.pack_f32_bf16x2; the original rounded each by f32_to_bf16's integer
+ops, then shifted and or-ed a pair together: the same bits), and the causal mask's compares run only in a key
+tile that reaches past one of the lane's two rows (TcOptions.mask_diagonal_only): in a long prompt every other
+tile is wholly at or before both rows' positions, so none of its keys is masked (nor zero-filled: those lie past
+key_len, past every row).
+
+Error against float64 attention softmax(ln 2 * q_r . k) on the same bf16-rounded q_r = q * scale * log2(e) (the
+original: q * scale and softmax(q_r . k)), K and V: P enters the second mma rounded to bf16 (relative 2^-9) while
+l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus float32 sums;
+tests/test_prefill_tc.py checks 2^-7 of it. ex2.approx adds about 2 ulp (2^-22) of relative error to each p_j,
+the same p_j in P's numerator and in l, so the output moves by at most ~2^-21 of that weighted sum: 2^13 times
+below P's bf16 rounding (and weights below 2^-126 of the row's max, flushed to 0, are as far below). Rounding
+q * scale * log2(e) instead of q * scale to bf16 is a different rounding of the same relative size: against the
+original kernel the output differs by about as much as either differs from float32 attention (~1e-2 at
+unit-variance inputs).
 """
+from dataclasses import dataclass
 import functools
 import math
 
@@ -27,8 +57,8 @@ import numpy as np
 
 from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, cuda, jit, launch_stream
-from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, ldmatrix_x4, ldmatrix_x4_trans,
-                   mma_bf16_m16n8k16, pack_bf16x2, shfl_xor)
+from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans,
+                   mma_bf16_m16n8k16, pack_bf16x2, pack_f32_bf16x2, shfl_xor)
 from .paged_kv import _check_pool, _output, _pool_rows
 from .prefill import PrefillTiles, build_prefill_tiles
 
@@ -36,18 +66,59 @@ TC_WARPS = 8        # warps per block: 128 (query, head) rows (H200: 2.7 vs 3.4 
                     # docs/bench/h200-round7-prefill-attention-variants.log)
 TC_KEY_TILE = 64    # keys per shared K/V tile
 ROW_PAD = 8         # bf16 per shared row of padding (16 bytes: ldmatrix rows in distinct banks)
+Q_SLAB = 2          # Q's first slab: stage 1's K, then V and past them if Q needs more
 
 
 TC_SHARED_BYTES = 48 * 1024  # static shared memory per block
 
 
+@dataclass(frozen=True)
+class TcOptions:
+    """Which refinements of the kernel to compile (each its own line in the module docstring); TC_OPTIONS, read
+    at launch, is what runs; ORIGINAL_OPTIONS the first version, kept for side-by-side timing."""
+    pipelined: bool = True  # a bf16 pool's tile t + 1 copied by cp.async while tile t is computed (two stages)
+    exp2: bool = True       # log2(e) folded into q's scale, the softmax's exponentials one ex2.approx each
+    cvt_pack: bool = True   # P's weights rounded to bf16 and packed two at a time by one cvt.rn.bf16x2.f32
+    mask_diagonal_only: bool = True  # the causal mask's compares only in key tiles that reach past a lane's row
+    max_registers: int = 0  # a cap on registers a thread (0: the compiler's choice; 157 at head_dim 64 in round 6,
+                            # so one 8-warp block an SM: 128 would let two in, if it does not spill)
+
+
+TC_OPTIONS = TcOptions()
+ORIGINAL_OPTIONS = TcOptions(pipelined=False, exp2=False, cvt_pack=False, mask_diagonal_only=False)
+LN2 = math.log(2.0)
+
+
+@jit(device=True)
+def exp_f32(x):
+    """e^x in float32 (libdevice's expf: the original softmax's exponential)."""
+    return np.float32(math.exp(x))
+
+
+@jit(device=True)
+def pack_rounded(lo, hi):
+    """Two weights rounded to bf16 by f32_to_bf16's integer ops, then packed (the original's packing of P)."""
+    return pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi))
+
+
+def q_scale(scale: float, options: TcOptions) -> np.float32:
+    """What the kernel multiplies q by before rounding it to bf16: scale, times log2(e) where the scores are to be
+    exponentiated base 2 (2^(s log2 e) = e^s)."""
+    return np.float32(scale / LN2 if options.exp2 else scale)
+
+
+def tc_slabs(warps: int, keys_per_tile: int) -> int:
+    """Shared slabs of keys_per_tile rows: K and V of two stages, Q over stage 1's (and more if it needs them)."""
+    return Q_SLAB + max(2, -(-16 * warps // keys_per_tile))
+
+
 def tc_shared_bytes(head_dim: int, warps: int, keys_per_tile: int) -> int:
-    """bf16 Q (16 rows a warp), K and V tiles, rows padded."""
-    return 2 * (16 * warps + 2 * keys_per_tile) * (head_dim + ROW_PAD)
+    """bf16 K and V tiles of two stages, Q (16 rows a warp) over the second, rows padded."""
+    return 2 * tc_slabs(warps, keys_per_tile) * keys_per_tile * (head_dim + ROW_PAD)
 
 
 def tc_key_tile(head_dim: int, warps: int, keys_per_tile: int) -> int:
-    """keys_per_tile, halved (down to 16) until the tiles fit TC_SHARED_BYTES (head_dim 128: 32 keys)."""
+    """keys_per_tile, halved (down to 16) until the tiles fit TC_SHARED_BYTES (head_dim 128: 16 keys)."""
     while tc_shared_bytes(head_dim, warps, keys_per_tile) > TC_SHARED_BYTES:
         assert keys_per_tile > 16, f"head_dim {head_dim} with {warps} warps does not fit prefill_tc's shared memory"
         keys_per_tile //= 2
@@ -64,9 +135,10 @@ def tc_queries_per_tile(group: int, warps: int | None = None) -> int:
 
 @functools.cache
 def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int, warps: int, keys_per_tile: int,
-                                      bf16_pool: bool = False):
+                                      bf16_pool: bool = False, options: TcOptions = TC_OPTIONS):
     """The kernel for one shape (compile-time sizes: fixed shared shapes, unrolled fragment loops, fragments and
-    accumulators in registers) and pool dtype (bf16_pool: the key tile loader that copies bf16 rows as they are)."""
+    accumulators in registers), pool dtype (bf16_pool: the key tile loader that copies bf16 rows as they are) and
+    TcOptions."""
     assert head_dim % 16 == 0 and keys_per_tile % 16 == 0, (head_dim, keys_per_tile)
     rows = 16 * warps
     used_rows = (rows // group) * group  # rows past it: padding (the group does not divide the rows)
@@ -76,12 +148,18 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     key_tiles = 2 * key_steps      # 8-key score tiles (shapes of local arrays must be constants, not expressions)
     dim_tiles = 2 * d_steps        # 8-dim output tiles
     padded_dim = head_dim + ROW_PAD
+    slabs = tc_slabs(warps, keys_per_tile)
     minus_inf = np.float32(-math.inf)
     chunks = head_dim // 8  # 16-byte pieces of a bf16 row
+    pipelined = options.pipelined
+    softmax_exp = exp2_approx if options.exp2 else exp_f32  # the scores' base: 2 (q scaled by log2 e) or e
+    pack_p = pack_f32_bf16x2 if options.cvt_pack else pack_rounded
+    mask_all_tiles = not options.mask_diagonal_only
 
     @jit(device=True)
-    def round_f32_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile):
-        """A float32 pool's key tile as bf16 in shared memory, one element per thread and step (zeros past key_len)."""
+    def round_f32_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, stage):
+        """A float32 pool's key tile as bf16 into slabs 2 stage (K) and 2 stage + 1 (V), one element per thread
+        and step (zeros past key_len); plain stores, there when it returns."""
         for i in range(tid, keys_per_tile * head_dim, threads):
             j = i // head_dim
             d = i % head_dim
@@ -92,13 +170,13 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 slot = block_tables[seq, key // block_size] * block_size + key % block_size
                 k_value = k_rows[slot, column + d]
                 v_value = v_rows[slot, column + d]
-            k_tile[0, j, d] = f32_to_bf16(k_value)
-            v_tile[0, j, d] = f32_to_bf16(v_value)
+            kv[2 * stage, j, d] = f32_to_bf16(k_value)
+            kv[2 * stage + 1, j, d] = f32_to_bf16(v_value)
 
     @jit(device=True)
-    def copy_bf16_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile):
-        """A bf16 pool's key tile into shared memory as it is: 16-byte cp.async copies (zero-filled past key_len),
-        waited for here."""
+    def copy_bf16_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, stage):
+        """A bf16 pool's key tile into slabs 2 stage (K) and 2 stage + 1 (V) as it is: 16-byte cp.async copies
+        (zero-filled past key_len), in flight until the caller commits and waits for them."""
         for i in range(tid, keys_per_tile * chunks, threads):
             j = i // chunks
             d = 8 * (i % chunks)
@@ -108,19 +186,17 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             if key < key_len:
                 slot = block_tables[seq, key // block_size] * block_size + key % block_size
                 size = 16
-            cp_async_16(k_tile, 0, j, d, k_rows, slot, column + d, size)
-            cp_async_16(v_tile, 0, j, d, v_rows, slot, column + d, size)
-        cp_async_commit()
-        cp_async_wait_all()
+            cp_async_16(kv, 2 * stage, j, d, k_rows, slot, column + d, size)
+            cp_async_16(kv, 2 * stage + 1, j, d, v_rows, slot, column + d, size)
 
     load_kv_tile = copy_bf16_tile if bf16_pool else round_f32_tile
+    wait_landed = cp_async_wait_all  # all but 0 groups: the tile just waited for is the only one in flight
 
-    @jit
+    @(jit(max_registers=options.max_registers) if options.max_registers else jit)
     def kernel(q, k_rows, v_rows, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out):
-        # one shared array per line: the simulator aliases two declared on the same line
-        q_tile = cuda.shared.array((1, rows, padded_dim), np.uint16, alignment=SHARED_ALIGN)
-        k_tile = cuda.shared.array((1, keys_per_tile, padded_dim), np.uint16, alignment=SHARED_ALIGN)
-        v_tile = cuda.shared.array((1, keys_per_tile, padded_dim), np.uint16, alignment=SHARED_ALIGN)
+        # slab 2 s: stage s's K tile, 2 s + 1 its V tile; Q's rows first, from slab Q_SLAB on (one array: the
+        # simulator aliases shared arrays declared on one line, so keep one a line)
+        kv = cuda.shared.array((slabs, keys_per_tile, padded_dim), np.uint16, alignment=SHARED_ALIGN)
         q_frag = cuda.local.array((d_steps, 4), np.uint32)
         scores = cuda.local.array((key_tiles, 4), np.float32)  # this lane's part of S, then of P
         acc = cuda.local.array((dim_tiles, 4), np.float32)       # this lane's part of the output rows
@@ -134,6 +210,10 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         seq = tile_seq[tile]
         key_len = tile_key_len[tile]
         column = kv_head * head_dim  # this KV head's first column of a pool row
+        num_key_tiles = (key_len + keys_per_tile - 1) // keys_per_tile
+        if pipelined:  # key tile 0 into stage 0, landing while Q goes to shared memory and registers
+            load_kv_tile(k_rows, v_rows, block_tables, seq, 0, key_len, column, tid, kv, 0)
+            cp_async_commit()
         for i in range(tid, rows * head_dim, threads):
             r = i // head_dim
             d = i % head_dim
@@ -141,11 +221,12 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             value = np.float32(0.0)
             if t >= 0:
                 value = q[t, kv_head * group + r % group, d] * scale
-            q_tile[0, r, d] = f32_to_bf16(value)
+            kv[Q_SLAB + r // keys_per_tile, r % keys_per_tile, d] = f32_to_bf16(value)
         cuda.syncthreads()
+        q_row = 16 * warp + lane % 16
         for s in range(d_steps):
             q_frag[s, 0], q_frag[s, 1], q_frag[s, 2], q_frag[s, 3] = ldmatrix_x4(
-                q_tile, 0, 16 * warp + lane % 16, 16 * s + 8 * (lane // 16))
+                kv, Q_SLAB + q_row // keys_per_tile, q_row % keys_per_tile, 16 * s + 8 * (lane // 16))
         row_a = 16 * warp + g  # this lane's two rows
         row_b = row_a + 8
         pos_a = tile_positions[tile, row_a // group] if row_a < used_rows else -1  # -1: a padding row, no key
@@ -158,17 +239,31 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             for e in range(4):
                 acc[j, e] = np.float32(0.0)
 
-        for key_start in range(0, key_len, keys_per_tile):
-            # 1. the tile's K and V rows as bf16 into shared memory (zeros past key_len)
-            load_kv_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, k_tile, v_tile)
-            cuda.syncthreads()
+        for key_tile in range(num_key_tiles):
+            key_start = key_tile * keys_per_tile
+            # 1. the tile's K and V rows as bf16 in shared memory (zeros past key_len)
+            if pipelined:
+                wait_landed()       # this thread's copies of the tile (the only group in flight) have landed
+                cuda.syncthreads()  # everyone's have; and every warp is done with the other stage (tile - 1, or Q)
+                if key_tile + 1 < num_key_tiles:  # the next tile into the other stage, landing during this one
+                    load_kv_tile(k_rows, v_rows, block_tables, seq, key_start + keys_per_tile, key_len, column, tid,
+                                 kv, (key_tile + 1) % 2)
+                cp_async_commit()  # (an empty group after the last: the wait's count stays the same)
+                k_slab = 2 * (key_tile % 2)
+            else:
+                load_kv_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, 0)
+                cp_async_commit()
+                wait_landed()
+                cuda.syncthreads()
+                k_slab = 0
+            v_slab = k_slab + 1
             # 2. S = Q K^T for this warp's 16 rows: 8-key tiles n, k steps over head_dim
             for n in range(key_tiles):
                 for e in range(4):
                     scores[n, e] = np.float32(0.0)
             for s in range(d_steps):
                 for p in range(key_steps):
-                    b0, b1, b2, b3 = ldmatrix_x4(k_tile, 0, 16 * p + lane % 8 + 8 * (lane // 16),
+                    b0, b1, b2, b3 = ldmatrix_x4(kv, k_slab, 16 * p + lane % 8 + 8 * (lane // 16),
                                                  16 * s + 8 * ((lane // 8) % 2))
                     scores[2 * p, 0], scores[2 * p, 1], scores[2 * p, 2], scores[2 * p, 3] = mma_bf16_m16n8k16(
                         q_frag[s, 0], q_frag[s, 1], q_frag[s, 2], q_frag[s, 3], b0, b1,
@@ -180,18 +275,23 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             # 3. causal mask, the rows' new max (the lane's columns, then its quad), P = exp(S - m)
             tile_max_a = minus_inf
             tile_max_b = minus_inf
-            for n in range(key_tiles):
-                key = key_start + 8 * n + 2 * quad
-                if key > pos_a:
-                    scores[n, 0] = minus_inf
-                if key + 1 > pos_a:
-                    scores[n, 1] = minus_inf
-                if key > pos_b:
-                    scores[n, 2] = minus_inf
-                if key + 1 > pos_b:
-                    scores[n, 3] = minus_inf
-                tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
-                tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
+            if mask_all_tiles or key_start + keys_per_tile - 1 > min(pos_a, pos_b):  # (padding rows: pos -1)
+                for n in range(key_tiles):
+                    key = key_start + 8 * n + 2 * quad
+                    if key > pos_a:
+                        scores[n, 0] = minus_inf
+                    if key + 1 > pos_a:
+                        scores[n, 1] = minus_inf
+                    if key > pos_b:
+                        scores[n, 2] = minus_inf
+                    if key + 1 > pos_b:
+                        scores[n, 3] = minus_inf
+                    tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
+                    tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
+            else:  # every key of the tile is at or before both rows' positions (so before key_len: no zero-filled key)
+                for n in range(key_tiles):
+                    tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
+                    tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
             tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 1))
             tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 2))
             tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 1))
@@ -199,8 +299,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             new_a = max(max_a, tile_max_a)
             new_b = max(max_b, tile_max_b)
             # no visible key yet (padding rows, or before key 0): nothing to rescale, weights 0
-            rescale_a = np.float32(1.0) if new_a == minus_inf else np.float32(math.exp(max_a - new_a))
-            rescale_b = np.float32(1.0) if new_b == minus_inf else np.float32(math.exp(max_b - new_b))
+            rescale_a = np.float32(1.0) if new_a == minus_inf else softmax_exp(max_a - new_a)
+            rescale_b = np.float32(1.0) if new_b == minus_inf else softmax_exp(max_b - new_b)
             shift_a = np.float32(0.0) if new_a == minus_inf else new_a
             shift_b = np.float32(0.0) if new_b == minus_inf else new_b
             max_a = new_a
@@ -208,10 +308,10 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             sum_a *= rescale_a
             sum_b *= rescale_b
             for n in range(key_tiles):
-                scores[n, 0] = np.float32(math.exp(scores[n, 0] - shift_a))  # masked: exp(-inf) = 0
-                scores[n, 1] = np.float32(math.exp(scores[n, 1] - shift_a))
-                scores[n, 2] = np.float32(math.exp(scores[n, 2] - shift_b))
-                scores[n, 3] = np.float32(math.exp(scores[n, 3] - shift_b))
+                scores[n, 0] = softmax_exp(scores[n, 0] - shift_a)  # masked: exp(-inf) = 0
+                scores[n, 1] = softmax_exp(scores[n, 1] - shift_a)
+                scores[n, 2] = softmax_exp(scores[n, 2] - shift_b)
+                scores[n, 3] = softmax_exp(scores[n, 3] - shift_b)
                 sum_a += scores[n, 0] + scores[n, 1]
                 sum_b += scores[n, 2] + scores[n, 3]
             for j in range(dim_tiles):
@@ -221,18 +321,19 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 acc[j, 3] *= rescale_b
             # 4. acc += P @ V: P's A fragments from two 8-key score tiles, V's B fragments by ldmatrix.trans
             for p in range(key_steps):
-                a0 = pack_bf16x2(f32_to_bf16(scores[2 * p, 0]), f32_to_bf16(scores[2 * p, 1]))
-                a1 = pack_bf16x2(f32_to_bf16(scores[2 * p, 2]), f32_to_bf16(scores[2 * p, 3]))
-                a2 = pack_bf16x2(f32_to_bf16(scores[2 * p + 1, 0]), f32_to_bf16(scores[2 * p + 1, 1]))
-                a3 = pack_bf16x2(f32_to_bf16(scores[2 * p + 1, 2]), f32_to_bf16(scores[2 * p + 1, 3]))
+                a0 = pack_p(scores[2 * p, 0], scores[2 * p, 1])
+                a1 = pack_p(scores[2 * p, 2], scores[2 * p, 3])
+                a2 = pack_p(scores[2 * p + 1, 0], scores[2 * p + 1, 1])
+                a3 = pack_p(scores[2 * p + 1, 2], scores[2 * p + 1, 3])
                 for s in range(d_steps):
-                    b0, b1, b2, b3 = ldmatrix_x4_trans(v_tile, 0, 16 * p + lane % 16, 16 * s + 8 * (lane // 16))
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(kv, v_slab, 16 * p + lane % 16, 16 * s + 8 * (lane // 16))
                     acc[2 * s, 0], acc[2 * s, 1], acc[2 * s, 2], acc[2 * s, 3] = mma_bf16_m16n8k16(
                         a0, a1, a2, a3, b0, b1, acc[2 * s, 0], acc[2 * s, 1], acc[2 * s, 2], acc[2 * s, 3])
                     acc[2 * s + 1, 0], acc[2 * s + 1, 1], acc[2 * s + 1, 2], acc[2 * s + 1, 3] = mma_bf16_m16n8k16(
                         a0, a1, a2, a3, b2, b3, acc[2 * s + 1, 0], acc[2 * s + 1, 1], acc[2 * s + 1, 2],
                         acc[2 * s + 1, 3])
-            cuda.syncthreads()  # nobody reloads K and V while another warp still reads them
+            if not pipelined:
+                cuda.syncthreads()  # nobody reloads K and V while another warp still reads them
 
         sum_a += shfl_xor(sum_a, 1)
         sum_a += shfl_xor(sum_a, 2)
@@ -259,11 +360,12 @@ def build_prefill_tc_tiles(query_seq, query_pos, group: int, warps: int | None =
 
 def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None,
                                tiles: PrefillTiles | None = None, warps: int | None = None,
-                               keys_per_tile: int | None = None):
+                               keys_per_tile: int | None = None, options: TcOptions | None = None):
     """paged_attention_prefill's contract on tensor cores (bf16 q * scale, K, V and P into the mmas, float32
     accumulation and softmax); the pools float32 (rounded to bf16 on the way in) or bf16 bits (copied). head_dim a
     multiple of 16; the group at most warps x 16 rows. Pass `tiles`
-    from build_prefill_tc_tiles (built once per step) to skip rebuilding them. Returns out."""
+    from build_prefill_tc_tiles (built once per step) to skip rebuilding them; `options` (default TC_OPTIONS,
+    read now) picks the kernel's refinements. Returns out."""
     num_tokens, n_heads, head_dim = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
     assert query_seq.shape == (num_tokens,) and query_pos.shape == (num_tokens,), (query_seq.shape, query_pos.shape)
@@ -278,9 +380,10 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
         f"tiles of {tiles.tokens.shape[1]} queries, prefill_tc wants {queries}: use build_prefill_tc_tiles")
     out = _output(q, out)
     if tiles.num_tiles > 0:
+        options = TC_OPTIONS if options is None else options
         kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile,
-                                                   k_pool.dtype == np.uint16)
+                                                   k_pool.dtype == np.uint16, options)
         kernel[(tiles.num_tiles, n_kv_heads), 32 * warps, launch_stream()](
             q, *_pool_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
-            np.float32(scale), out)
+            q_scale(scale, options), out)
     return out
