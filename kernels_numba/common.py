@@ -251,6 +251,9 @@ class BufferArena:
     def rewind(self) -> None:
         self._next = 0
 
+    def begin_layer(self, i: int) -> None:
+        """The forward pass starts layer i: a plain arena keeps every buffer apart (LayerArena reuses them)."""
+
     @property
     def bytes(self) -> int:
         return sum(b.size * b.dtype.itemsize for b in self.buffers)
@@ -259,8 +262,8 @@ class BufferArena:
 class LayerArena(BufferArena):
     """A BufferArena that reuses memory across layers: layer i's buffers come from set i % 2 (what runs before
     begin_layer(0), the embedding and layer 0's input norm, from set 1), the k-th buffer of a dtype a layer takes
-    being the same storage in every layer of its set. Layer i + 1 reads only layer i's outputs (its residual h and normed x), never layer i - 1's,
-    so it may overwrite all of set (i + 1) % 2. The storage (SharedStorage) may serve several arenas whose steps
+    being the same storage in every layer of its set. Layer i + 1 reads only layer i's outputs (its residual h and
+    normed x), never layer i - 1's, so it may overwrite all of set (i + 1) % 2. The storage (SharedStorage) may serve several arenas whose steps
     never run at the same time (prefill graphs replayed one after another on one stream): a buffer is a view of the
     first elements of a flat array, grown (a new array; views of the old one keep it alive) when a step needs more.
     The forward pass marks each layer's start with begin_layer(i). Zeroed buffers (counters) are never shared."""
@@ -336,7 +339,7 @@ def device_zeros(shape, dtype):
 
 def begin_layer(i: int) -> None:
     """The forward pass starts layer i: tells the current arena (a LayerArena reuses buffers by layer)."""
-    if _target.buffers is not None and hasattr(_target.buffers, "begin_layer"):
+    if _target.buffers is not None:
         _target.buffers.begin_layer(i)
 
 

@@ -36,8 +36,9 @@ from .model_runner import DeviceBatch, ForwardBatch, ModelRunner, pack_int32, un
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
-def buckets_up_to(max_batch: int) -> tuple[int, ...]:
-    return tuple(b for b in BUCKETS if b < max_batch) + (max_batch,)
+def buckets_up_to(limit: int, sizes: tuple[int, ...] = BUCKETS) -> tuple[int, ...]:
+    """The buckets of `sizes` below `limit`, then `limit` itself (the largest step always has its own)."""
+    return tuple(b for b in sizes if b < limit) + (limit,)
 
 
 class CapturedStep:

@@ -17,9 +17,9 @@ RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, each residu
 feeds it; at batch 1 the two add_rmsnorm launches cost ~9 us each, as much as a 12 MB projection.
 Every stage keeps its name and output in both; a stage whose output a fused kernel already produced
 launches nothing and says which stage computed it. CUDA graphs (tinyvllm/cuda_graphs.py) record this same
-generator for decode steps, and up to final_norm for the others (tinyvllm/prefill_graphs.py). Two precisions run through it (`ModelRunner.precision`): fp32, the reference, and
-fast, bf16 activations into tensor-core GEMMs and prefill attention; tinyvllm/kernel_plan.py's table says which
-kernel each takes where.
+generator for decode steps, and up to final_norm for the others (tinyvllm/prefill_graphs.py). Two precisions
+run through it (`ModelRunner.precision`): fp32, the reference, and fast, bf16 activations into tensor-core GEMMs
+and prefill attention; tinyvllm/kernel_plan.py's table says which kernel each takes where.
 """
 from __future__ import annotations
 

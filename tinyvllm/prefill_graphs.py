@@ -26,17 +26,19 @@ from kernels_numba.attention import PrefillTiles, max_prefill_tiles, prefill_til
 from kernels_numba.common import SharedStorage, LayerArena, cuda
 
 from .config import ModelConfig
-from .cuda_graphs import BucketGraphs, CapturedStep
+from .cuda_graphs import BucketGraphs, CapturedStep, buckets_up_to
 from .model_runner import DeviceBatch, ForwardBatch, ModelRunner, drain, pack_int32, unpack
 
-# Up to 32 tokens (MAX_COALESCED_TOKENS) a GPU step runs the fused-GEMV layer, beyond it gemm_tc / gemm_blocked: the
+# In fp32 a GPU step of up to 32 tokens (MAX_COALESCED_TOKENS) runs the fused-GEMV layer, beyond it gemm_blocked: the
 # buckets 16 and 32 keep short prompts on the kernels their eager step runs (the same results), 64 and up the others.
+# (The fast plan leaves the GEMVs past kernel_plan.FAST_GEMV_MAX_TOKENS: there only a 1- or 2-token step's eager
+# kernels differ from its bucket's.)
 PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 
 
 def prefill_buckets_up_to(max_tokens: int) -> tuple[int, ...]:
     """The token buckets of an engine whose steps hold at most max_tokens tokens (the last bucket)."""
-    return tuple(b for b in PREFILL_BUCKETS if b < max_tokens) + (max_tokens,)
+    return buckets_up_to(max_tokens, PREFILL_BUCKETS)
 
 
 def activation_bytes_per_token(config: ModelConfig) -> int:

@@ -286,12 +286,10 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                         scores[n, 2] = minus_inf
                     if key + 1 > pos_b:
                         scores[n, 3] = minus_inf
-                    tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
-                    tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
-            else:  # every key of the tile is at or before both rows' positions (so before key_len: no zero-filled key)
-                for n in range(key_tiles):
-                    tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
-                    tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
+            # (else every key of the tile is at or before both rows' positions, so before key_len: none masked)
+            for n in range(key_tiles):
+                tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
+                tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
             tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 1))
             tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 2))
             tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 1))
