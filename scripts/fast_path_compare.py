@@ -137,6 +137,8 @@ def main() -> int:
     parser.add_argument("--long-prompt", type=int, default=LONG_PROMPT, help="tokens of the long prompt (0: none)")
     parser.add_argument("--hf-device", default="cuda")
     parser.add_argument("--out", default=str(ROOT / "out"))
+    parser.add_argument("--dump-stages", default="", help="comma-separated stage-name prefixes (e.g. layers.27.,"
+                        "layers.28.): the long prompt's tensors of those stages, per side, to OUT/stages-NAME-SIDE.npz")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +238,12 @@ def main() -> int:
                      f"{hf_agree}/{len(tokens)} | {'PASS' if ok else 'FAIL'} |")
     if diagnoses:
         lines += ["", "Failing stages, where the errors sit:"] + diagnoses
+    if args.dump_stages:
+        prefixes = tuple(args.dump_stages.split(","))
+        for side, stages in (("fast", ours[-1]), ("hf_bf16", hf_bf16[-1]), ("hf_fp32", hf_fp32[-1])):
+            chosen = {k: np.asarray(v, dtype=np.float32) for k, v in stages.items() if k.startswith(prefixes)}
+            np.savez_compressed(out / f"stages-{name}-{side}.npz", **chosen)
+        log(f"stages {sorted(chosen)} of prompt {len(prompts) - 1} written to {out}/stages-{name}-*.npz")
     worst_rms = max(summary, key=lambda r: r["rms_fast_vs_hf_fp32"] / max(r["rms_spread"], 1e-12))
     lines += ["", f"By RMS instead of max (not the pass criterion): worst fast vs HF fp32 / HF bf16 vs fp32 = "
               f"{worst_rms['rms_fast_vs_hf_fp32'] / max(worst_rms['rms_spread'], 1e-12):.2f} at prompt "
