@@ -136,3 +136,31 @@ def test_unknown_api_routes_are_404_and_wrong_methods_405_beside_the_web_page(id
     index = client.get("/")
     assert index.status_code == 200
     assert index.headers["content-type"].startswith("text/html" if with_page else "application/json")
+
+
+def test_serve_captures_every_cuda_graph_before_it_takes_a_request(monkeypatch, capsys):
+    """`tinyvllm serve` asks the engine for all its CUDA graphs up front (LLMEngine.capture_graphs: a GPU's first
+    request at a new batch size would otherwise wait for a capture and a compile), before it reads a request."""
+    import io
+    import sys
+    from tinyvllm.cli import _parser
+    from tinyvllm.serving import cli as serving_cli
+    events = []
+    real = LLMEngine.capture_graphs
+
+    def capture(self, log=None):
+        events.append("capture")
+        log("captured decode CUDA graphs for [1, 2] sequences in 0.0 s")  # the line a GPU would print
+        return real(self, log)
+
+    class Stdin(io.StringIO):
+        def __iter__(self):
+            events.append("read")
+            return super().__iter__()
+
+    monkeypatch.setattr(LLMEngine, "capture_graphs", capture)
+    monkeypatch.setattr(sys, "stdin", Stdin('{"prompt": "Hi", "max_tokens": 1}\n'))
+    args = _parser().parse_args(["serve", "--jsonl", "--num-blocks", "32", "--block-size", "4"])
+    assert serving_cli.run(args) == 0
+    assert events[:2] == ["capture", "read"]
+    assert "tinyvllm serve: captured decode CUDA graphs" in capsys.readouterr().err

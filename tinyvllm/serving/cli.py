@@ -71,18 +71,27 @@ def run(args) -> int:
     if args.debug:
         from .debug_mode import run_serve_debug
         return run_serve_debug(args)
-    from ..cli import _engine
     from .engine_loop import EngineLoop
     if args.jsonl:
         from . import jsonl_loop
-        engine = _engine(args)
+        engine = _ready_engine(args)
         log = lambda message: print(message, file=sys.stderr, flush=True)
         return jsonl_loop.run(EngineLoop(engine, log=log, recorder=_recorder(args, engine)), sys.stdin, sys.stdout, stream=args.stream,
                               shutdown_timeout=args.shutdown_timeout, log=log)
     sock = listen(args.host, args.port)  # before the model loads: a busy port fails at once
-    engine = _engine(args)
+    engine = _ready_engine(args)
     return serve_http(EngineLoop(engine, max_waiting=args.max_waiting, recorder=_recorder(args, engine)), sock, served_model_name(args), args.api_key,
                       args.shutdown_timeout, args.access_log)
+
+
+def _ready_engine(args):
+    """The engine, its CUDA graphs captured for every bucket before the first request (as vLLM does at start): a
+    server's first steps at a new batch size or token count would otherwise wait for a capture, and for the first
+    compile of that step's tile shapes (seconds). Without CUDA graphs (the simulator), nothing to capture."""
+    from ..cli import _engine
+    engine = _engine(args)
+    engine.capture_graphs(lambda message: print(f"tinyvllm serve: {message}", file=sys.stderr, flush=True))
+    return engine
 
 
 def _recorder(args, engine):
