@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from kernels_numba.matmul import linear_kernel_name
 from tinyvllm import bench
 from tinyvllm.bench import BenchConfig, Workloads
 from tinyvllm.cli import _parser, main
 from tinyvllm.demo import DEMO_MODEL_DIR
-from tinyvllm.kernel_plan import KernelPlan, resolve_precision
+from tinyvllm.engine import EngineConfig, LLMEngine
 from tinyvllm.model import load_model
 from tests.references import require
 
@@ -263,17 +262,13 @@ def test_kernels_workload_times_every_stage_against_its_useful_bytes_and_flops(t
     config = model.config
     rows = results(tiny_run[2], "kernels")
     layers = config.num_hidden_layers
-    # Stages whose output an earlier fused kernel produced are not rows. A step runs the fused-GEMV layer
-    # (ModelRunner.fuses_norms: norms in front of the projections, residual adds behind) when every projection
-    # is a coalesced GEMV and the plan keeps it off the tensor cores: on a GPU, the fp32 plan's steps of up to
-    # 32 tokens, the fast plan's up to FAST_GEMV_MAX_TOKENS; never in the simulator. The same rule here:
-    precision = resolve_precision(tiny_run[2]["engine_config"]["precision"], model.weights.embed_tokens.dtype)
-    plan = KernelPlan(precision, config.head_dim, config.num_attention_heads // config.num_key_value_heads)
-
-    def fuses(tokens):
-        return not plan.uses_tensor_cores(tokens, config.hidden_size) and all(
-            linear_kernel_name(tokens, n_in) == "gemv_coalesced"
-            for n_in in (config.hidden_size, config.num_attention_heads * config.head_dim, config.intermediate_size))
+    # Stages whose output an earlier fused kernel produced are not rows. A step runs the fused-GEMV layer (norms in
+    # front of the projections, residual adds behind) where ModelRunner.fuses_norms says: on a GPU, the fp32 plan's
+    # steps of up to 32 tokens, the fast plan's up to FAST_GEMV_MAX_TOKENS; never in the simulator. Asked of a
+    # runner of the bench's precision:
+    runner = LLMEngine(model, EngineConfig(precision=tiny_run[2]["engine_config"]["precision"], num_blocks=16),
+                       log=lambda message: None).runner
+    plan, fuses = runner.plan, runner.fuses_norms
 
     plain = ["embedding", "input_norm", "q", "attn", "o_proj", "attn_residual", "mlp", "output", "logits"]
     fused = ["embedding", "input_norm", "attn", "o_proj", "post_norm", "mlp", "final_norm", "logits"]
@@ -315,8 +310,6 @@ def test_reported_times_and_rates_follow_a_known_clock(monkeypatch):
     """The latency, prefill and kernels rows against what a clock that only the engine moves makes them:
     expectations from the definitions (TTFT = one step, TPOT = one step, ...), not from the report's fields."""
     from kernels_numba.common import cuda
-    from tinyvllm.engine import EngineConfig, LLMEngine
-    from tinyvllm.model import load_model
     from tinyvllm.bench.engine_runs import EngineFactory, bench_kernels, bench_latency, bench_prefill
     from tinyvllm.bench.report import add_roofline
     cfg = bench.config_from_args(_parser().parse_args(["bench", *TINY]))
