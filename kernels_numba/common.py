@@ -154,15 +154,21 @@ def jit(*args, **options):
     if "link" not in options:
         options.setdefault("cache", CACHE_KERNELS)
     if args and callable(args[0]):
-        kernel = cuda.jit(*args, **options)
-        _KERNELS.append(kernel)
-        return kernel
+        return _registered(cuda.jit(*args, **options))
 
     def kernel_of(fn):
-        kernel = cuda.jit(*args, **options)(fn)
-        _KERNELS.append(kernel)
-        return kernel
+        return _registered(cuda.jit(*args, **options)(fn))
     return kernel_of
+
+
+def _registered(kernel):
+    """A GPU kernel counted in kernel_cache_stats; one made in a factory (a closure) keyed for the disk cache by
+    closure_key, which stays the same from process to process where numba's own key did not."""
+    if kernel.py_func.__closure__ and type(getattr(kernel, "_cache", None)).__name__ == "CUDACache":
+        from .closure_key import stable_closure_cache
+        kernel._cache = stable_closure_cache(kernel.py_func)
+    _KERNELS.append(kernel)
+    return kernel
 
 
 def host_version(device_function):

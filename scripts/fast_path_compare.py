@@ -19,6 +19,15 @@ kinds of operands to bf16, at different places, so each error is one draw of a m
 such draws differ by tens of percent; the simulator's dry run on the demo model gave fast_f / spread 0.95 to 1.02)
 and fast_b <= 3 spread (implied up to float32 noise: |fast - bf16| <= |fast - fp32| + |fp32 - bf16|). The report
 lists the worst fast_f / spread of each prompt.
+Massive activations (a real model's attention-sink channel: SmolLM2's token 0, channel 507, ~2.5e4 where other
+tokens peak near 100) are checked apart: an element is massive when |fp32| > MASSIVE x the median over tokens of
+each token's max |fp32|. Such an element alone sets its stage's max, and its error is decided by a rounding or two:
+SmolLM2's layer-11 down_proj makes it from essentially two products (act 3064 x w 5.875 and 1119 x 6.06), and
+rounding that act to bf16 (3064.03 -> 3072, as HF bf16 and the fast path both must) alone moves the output by +47
+(scripts/massive_activation_rounding.py). So a stage's spread there is one draw of one rounding, not a statistic. The massive elements pass when |fast - fp32| <= one bf16 ulp of
+their value (2x the half ulp HF bf16 pays just to hold the value in bf16); the rest of the stage by the rule above,
+computed without them (spread, fast_b and fast_f over the other elements, relative to their max). The report also
+says which stages the whole-stage rule alone would fail.
 Greedy (the engine's generate: prefill on tensor cores, then the decode steps it runs): the fast tokens must equal
 HF bf16's up to the first step where HF bf16's own top-2 logit margin is below 2 x the logits spread (both top
 logits may move by the spread, in opposite directions); the first step where the margin falls below 1 x the
@@ -112,6 +121,40 @@ def rms_rel(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.sqrt(np.mean((a - ref) ** 2) / max(np.mean(ref ** 2), 1e-300)))
 
 
+MASSIVE = 20.0
+
+
+def massive_mask(fp32: np.ndarray) -> np.ndarray:
+    """Elements whose |fp32| exceeds MASSIVE x the median over tokens of each token's max |fp32| (rows: tokens)."""
+    rows = np.abs(fp32.reshape(fp32.shape[0], -1).astype(np.float64))
+    return (rows > MASSIVE * np.median(rows.max(axis=1))).reshape(fp32.shape)
+
+
+def bf16_ulp(values: np.ndarray) -> np.ndarray:
+    """The spacing of bf16 numbers at |values| (8 significant bits): 2^(floor(log2 |v|) - 7)."""
+    return np.exp2(np.floor(np.log2(np.maximum(np.abs(values.astype(np.float64)), 1e-30))) - 7)
+
+
+def split_check(ours: np.ndarray, bf16: np.ndarray, fp32: np.ndarray) -> dict:
+    """The stage's check with massive elements apart (see the module docstring): the 2x-spread rule over the other
+    elements, one bf16 ulp for the massive ones."""
+    ours, bf16 = ours.reshape(fp32.shape).astype(np.float64), bf16.reshape(fp32.shape).astype(np.float64)
+    ref = fp32.astype(np.float64)
+    mask = massive_mask(ref)
+    rest = ~mask
+    scale = np.abs(ref[rest]).max() if rest.any() else 1.0
+
+    def rel_rest(a, b):
+        return float(np.abs(a[rest] - b[rest]).max() / scale) if rest.any() else 0.0
+    spread, fast_b, fast_f = rel_rest(bf16, ref), rel_rest(ours, bf16), rel_rest(ours, ref)
+    massive_ulps = float((np.abs(ours[mask] - ref[mask]) / bf16_ulp(ref[mask])).max()) if mask.any() else 0.0
+    hf_massive_ulps = float((np.abs(bf16[mask] - ref[mask]) / bf16_ulp(ref[mask])).max()) if mask.any() else 0.0
+    ok = fast_f <= 2 * spread + 1e-6 and fast_b <= 3 * spread + 1e-6 and massive_ulps <= 1.0
+    return {"massive": int(mask.sum()), "spread_rest": spread, "fast_vs_hf_bf16_rest": fast_b,
+            "fast_vs_hf_fp32_rest": fast_f, "massive_fast_ulps": massive_ulps, "massive_hf_bf16_ulps": hf_massive_ulps,
+            "passed": ok}
+
+
 def where_it_differs(ours: np.ndarray, bf16: np.ndarray, fp32: np.ndarray) -> str:
     """Where a failing stage's largest errors sit: the element of the largest |fast - fp32| and of the largest
     |bf16 - fp32| (token, channel, the reference's value there), where |fp32| peaks, and each side's error by RMS."""
@@ -137,6 +180,8 @@ def main() -> int:
     parser.add_argument("--long-prompt", type=int, default=LONG_PROMPT, help="tokens of the long prompt (0: none)")
     parser.add_argument("--hf-device", default="cuda")
     parser.add_argument("--out", default=str(ROOT / "out"))
+    parser.add_argument("--dump-stages", default="", help="comma-separated stage-name prefixes (e.g. layers.27.,"
+                        "layers.28.): the long prompt's tensors of those stages, per side, to OUT/stages-NAME-SIDE.npz")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,28 +240,42 @@ def main() -> int:
              "Kernels of that step: " + "; ".join(sorted({f"{k.split('.', 2)[-1]}: {v}" for k, v in kernels.items()
                                                           if k.startswith("layers.0.") and not v.startswith("(")}
                                                          | {f"logits: {kernels['logits']}"})), "",
-             "| prompt | stage | spread HF bf16 vs fp32 | fast vs HF bf16 | fast vs HF fp32 | pass |",
-             "|---|---|---|---|---|---|"]
-    summary, all_ok, diagnoses = [], True, []
+             "Whole stage: relative to the stage's max |fp32|. Without massive: the same over the elements that are not "
+             f"massive (|fp32| > {MASSIVE:g} x the median token max); massive: count, worst |fast - fp32| and "
+             "|HF bf16 - fp32| in bf16 ulps of the value (pass <= 1). Pass: the without-massive rule and the ulp rule.",
+             "",
+             "| prompt | stage | spread HF bf16 vs fp32 | fast vs HF bf16 | fast vs HF fp32 | whole-stage rule | "
+             "spread without massive | fast vs fp32 without massive | massive: fast / HF bf16 ulps | pass |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    summary, all_ok, whole_failures = [], True, []
     for p, prompt in enumerate(prompts):
         worst = None
         for stage in hf_fp32[p]:
             spread = rel(hf_bf16[p][stage], hf_fp32[p][stage])
             fast_b, fast_f = rel(ours[p][stage], hf_bf16[p][stage]), rel(ours[p][stage], hf_fp32[p][stage])
-            ok = fast_f <= 2 * spread + 1e-6 and fast_b <= 3 * spread + 1e-6
+            whole_ok = fast_f <= 2 * spread + 1e-6 and fast_b <= 3 * spread + 1e-6
+            split = split_check(ours[p][stage], hf_bf16[p][stage], hf_fp32[p][stage])
+            ok = split["passed"]
             all_ok &= ok
             summary.append({"prompt": p, "stage": stage, "spread": spread, "fast_vs_hf_bf16": fast_b,
-                            "fast_vs_hf_fp32": fast_f, "passed": ok,
+                            "fast_vs_hf_fp32": fast_f, "whole_stage_passed": whole_ok, **split,
                             "rms_spread": rms_rel(hf_bf16[p][stage], hf_fp32[p][stage]),
                             "rms_fast_vs_hf_fp32": rms_rel(ours[p][stage], hf_fp32[p][stage])})
-            if not ok:
-                diagnoses.append(f"- prompt {p}, {stage}: " + where_it_differs(ours[p][stage], hf_bf16[p][stage],
-                                                                             hf_fp32[p][stage]))
-            show = not ok or stage in ("layers.0.q", "layers.0.attn", "layers.0.mlp", "final_norm", "logits")
+            if not whole_ok:
+                whole_failures.append(f"- prompt {p}, {stage} ({split['massive']} massive elements; "
+                                      f"{'passes' if ok else 'FAILS'} with them apart): " + where_it_differs(
+                                          ours[p][stage], hf_bf16[p][stage], hf_fp32[p][stage]))
+            show = not ok or not whole_ok or stage in ("layers.0.q", "layers.0.attn", "layers.0.mlp", "final_norm",
+                                                       "logits")
             if show:
-                lines.append(f"| {p} | {stage} | {spread:.2e} | {fast_b:.2e} | {fast_f:.2e} | {'PASS' if ok else 'FAIL'} |")
-            worst = max(worst or (0, ""), (fast_f / max(spread, 1e-12), stage))
-        lines.append(f"| {p} | (worst fast vs HF fp32 / spread; pass <= 2) | | | {worst[0]:.2f} at {worst[1]} | |")
+                massive = (f"{split['massive']}: {split['massive_fast_ulps']:.2f} / {split['massive_hf_bf16_ulps']:.2f}"
+                           if split["massive"] else "none")
+                lines.append(f"| {p} | {stage} | {spread:.2e} | {fast_b:.2e} | {fast_f:.2e} | "
+                             f"{'PASS' if whole_ok else 'FAIL'} | {split['spread_rest']:.2e} | "
+                             f"{split['fast_vs_hf_fp32_rest']:.2e} | {massive} | {'PASS' if ok else 'FAIL'} |")
+            worst = max(worst or (0, ""), (split["fast_vs_hf_fp32_rest"] / max(split["spread_rest"], 1e-12), stage))
+        lines.append(f"| {p} | (worst fast vs HF fp32 / spread without massive; pass <= 2) | | | | | | "
+                     f"{worst[0]:.2f} at {worst[1]} | | |")
     lines += ["", "| prompt | logits spread (abs) | HF bf16 margin < 2 spread from step | < 1 spread from step | "
                   "fast = HF bf16 tokens | checked up to | HF fp32 = HF bf16 tokens | pass |", "|---|---|---|---|---|---|---|---|"]
     greedy = []
@@ -234,8 +293,14 @@ def main() -> int:
                        "fast": fast_greedy[p], "hf_bf16": tokens, "margins": margins, "passed": ok})
         lines.append(f"| {p} | {spread_abs:.3g} | {undecided} | {undecided_1x} | {agree}/{len(tokens)} | {undecided} | "
                      f"{hf_agree}/{len(tokens)} | {'PASS' if ok else 'FAIL'} |")
-    if diagnoses:
-        lines += ["", "Failing stages, where the errors sit:"] + diagnoses
+    if whole_failures:
+        lines += ["", f"Stages the whole-stage rule alone fails ({len(whole_failures)}), where the errors sit:"] + whole_failures
+    if args.dump_stages:
+        prefixes = tuple(args.dump_stages.split(","))
+        for side, stages in (("fast", ours[-1]), ("hf_bf16", hf_bf16[-1]), ("hf_fp32", hf_fp32[-1])):
+            chosen = {k: np.asarray(v, dtype=np.float32) for k, v in stages.items() if k.startswith(prefixes)}
+            np.savez_compressed(out / f"stages-{name}-{side}.npz", **chosen)
+        log(f"stages {sorted(chosen)} of prompt {len(prompts) - 1} written to {out}/stages-{name}-*.npz")
     worst_rms = max(summary, key=lambda r: r["rms_fast_vs_hf_fp32"] / max(r["rms_spread"], 1e-12))
     lines += ["", f"By RMS instead of max (not the pass criterion): worst fast vs HF fp32 / HF bf16 vs fp32 = "
               f"{worst_rms['rms_fast_vs_hf_fp32'] / max(worst_rms['rms_spread'], 1e-12):.2f} at prompt "

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from kernels_numba.common import SIMULATOR
+from kernels_numba.matmul import linear_kernel_name
 from tinyvllm import bench
 from tinyvllm.bench import BenchConfig, Workloads
 from tinyvllm.cli import _parser, main
 from tinyvllm.demo import DEMO_MODEL_DIR
+from tinyvllm.kernel_plan import KernelPlan, resolve_precision
+from tinyvllm.model import load_model
 from tests.references import require
 
 # 3 requests of 4-8 prompt tokens and 2-3 new tokens: the simulator does about one engine step a second.
@@ -257,30 +259,43 @@ def _has_matplotlib() -> bool:
 
 
 def test_kernels_workload_times_every_stage_against_its_useful_bytes_and_flops(tiny_run):
-    from tinyvllm.model import load_model
-    config = load_model(DEMO_MODEL_DIR, log=lambda message: None).config
+    model = load_model(DEMO_MODEL_DIR, log=lambda message: None)
+    config = model.config
     rows = results(tiny_run[2], "kernels")
     layers = config.num_hidden_layers
-    # Stages whose output an earlier fused kernel produced are not rows. A GPU runs steps of up to 32 tokens (this
-    # 4-token prefill and the decode step) as the fused-GEMV layer (ModelRunner.fuses_norms): norms in front of the
-    # projections, residual adds behind; the simulator runs the plain layer.
-    if SIMULATOR:
-        stage_kinds = ["embedding", "input_norm", "q", "attn", "o_proj", "attn_residual", "mlp", "output", "logits"]
-        once = ("embedding", "input_norm", "logits")  # input_norm launches in layer 0 only (then add_rmsnorm)
-        qkv_stage, norm_flops = "q", 0
-    else:
-        stage_kinds = ["embedding", "input_norm", "attn", "o_proj", "post_norm", "mlp", "final_norm", "logits"]
-        once = ("embedding", "final_norm", "logits")
-        qkv_stage, norm_flops = "input_norm", 4 * 4 * config.hidden_size  # RMSNorm in front: 4 FLOPs an element
-    assert [r["variant"] for r in rows] == [f"{p} {k}" for p in ("prefill", "decode") for k in stage_kinds]
+    # Stages whose output an earlier fused kernel produced are not rows. A step runs the fused-GEMV layer
+    # (ModelRunner.fuses_norms: norms in front of the projections, residual adds behind) when every projection
+    # is a coalesced GEMV and the plan keeps it off the tensor cores: on a GPU, the fp32 plan's steps of up to
+    # 32 tokens, the fast plan's up to FAST_GEMV_MAX_TOKENS; never in the simulator. The same rule here:
+    precision = resolve_precision(tiny_run[2]["engine_config"]["precision"], model.weights.embed_tokens.dtype)
+    plan = KernelPlan(precision, config.head_dim, config.num_attention_heads // config.num_key_value_heads)
+
+    def fuses(tokens):
+        return not plan.uses_tensor_cores(tokens, config.hidden_size) and all(
+            linear_kernel_name(tokens, n_in) == "gemv_coalesced"
+            for n_in in (config.hidden_size, config.num_attention_heads * config.head_dim, config.intermediate_size))
+
+    plain = ["embedding", "input_norm", "q", "attn", "o_proj", "attn_residual", "mlp", "output", "logits"]
+    fused = ["embedding", "input_norm", "attn", "o_proj", "post_norm", "mlp", "final_norm", "logits"]
+    prefill_tokens = 4  # the latency prompt
+    stage_kinds = {phase: fused if fuses(tokens) else plain for phase, tokens in (("prefill", prefill_tokens),
+                                                                                  ("decode", 1))}
+    # plain: input_norm launches in layer 0 only (then add_rmsnorm); fused: the final norm is its own launch
+    once = {"plain": ("embedding", "input_norm", "logits"), "fused": ("embedding", "final_norm", "logits")}
+    assert [r["variant"] for r in rows] == [f"{p} {k}" for p in ("prefill", "decode") for k in stage_kinds[p]]
+    qkv_stage, norm_flops = (("input_norm", 4 * prefill_tokens * config.hidden_size)  # RMSNorm in front: 4 FLOPs
+                             if fuses(prefill_tokens) else ("q", 0))
     for r in rows:
-        assert r["ms"] > 0 and r["gb_s"] > 0 and r["launches_x"] == (1 if r["variant"].split()[1] in once else layers)
+        phase, stage = r["variant"].split()
+        kind = "fused" if stage_kinds[phase] is fused else "plain"
+        assert r["ms"] > 0 and r["gb_s"] > 0 and r["launches_x"] == (1 if stage in once[kind] else layers)
     prefill_qkv = next(r for r in rows if r["variant"] == f"prefill {qkv_stage}")
     qkv_width = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
     # the latency prompt (4 tokens) through the q|k|v projection: 2 FLOPs per multiply-add, per layer
     assert prefill_qkv["tokens"] == 4
     assert prefill_qkv["flops"] == (2 * 4 * config.hidden_size * qkv_width + norm_flops) * layers
-    assert "matmul." in prefill_qkv["kernel"] and "rope" in prefill_qkv["kernel"].lower()
+    assert ("gemm_tc." if plan.uses_tensor_cores(prefill_tokens, config.hidden_size) else "matmul.") in prefill_qkv["kernel"]
+    assert "rope" in prefill_qkv["kernel"].lower()
     assert "kernels    prefill mlp" in tiny_run[1]    # in the printed table
 
 

@@ -5,6 +5,7 @@ Tolerance: the engine's logprobs match HF's log_softmax within 1e-4 (tests/test_
 why); a choice's score sums up to three of them, so 3e-4. A wrong trie node (a token missing from the
 prompt, an off-by-one position) or a logprob of the wrong token is off by 1e-1 or more.
 """
+import collections
 import gc
 
 import numpy as np
@@ -106,14 +107,20 @@ def test_scoring_leaves_no_reference_cycles_per_request(model):
 
     def jobs(n):
         return [LoglikelihoodJob([3 + j, 4, 5], [(6,), (7, 8)]) for j in range(n)]
-    collect(backend.loglikelihoods, jobs(1))  # first-use caches
-    garbage = []
-    for n in (2, 8):
+    sizes = (2, 8)
+    for n in sizes:  # first-use caches: on a GPU each new batch size also captures its CUDA graph bucket
+        collect(backend.loglikelihoods, jobs(n))
+    garbage, kinds = [], []
+    for n in sizes:
         gc.collect()
         gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # the collected objects stay in gc.garbage, to say what they are
         try:
             collect(backend.loglikelihoods, jobs(n))
             garbage.append(gc.collect())
+            kinds.append(collections.Counter(type(o).__name__ for o in gc.garbage))
         finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
             gc.enable()
-    assert garbage[0] == garbage[1], garbage
+    assert garbage[0] == garbage[1], (garbage, kinds[1] - kinds[0])

@@ -147,7 +147,8 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys):
 def real_server():
     from tests.serving_helpers import start_server
     from tinyvllm.model import load_model
-    running = start_server(load_model(log=lambda m: None), num_blocks=64, block_size=4)
+    # fp32: the scores are checked against HF float32 goldens (a GPU's default, the fast precision, is bf16)
+    running = start_server(load_model(log=lambda m: None), num_blocks=64, block_size=4, precision="fp32")
     yield running
     running.stop()
 
@@ -173,6 +174,6 @@ def test_real_server_generation_equals_the_engine_backend(real_server):
     from tinyvllm.engine import EngineConfig, LLMEngine
     job = GenerationJob([384, 71, 72, 73], [{"role": "user", "content": "unused"}], "The best answer is")
     (remote,) = collect(lambda jobs, done: RemoteBackend(f"{real_server.url}/v1").generate(jobs, 3, (".",), done), [job])
-    engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda m: None)
+    engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4, precision="fp32"), log=lambda m: None)
     (local,) = collect(lambda jobs, done: EngineBackend(engine).generate(jobs, 3, (".",), done), [job])
     assert isinstance(remote, Generation) and remote == local

@@ -87,3 +87,43 @@ def test_every_kernel_is_made_by_the_common_jit():
     offenders = [f"{path.relative_to(PACKAGE)}:{n}" for path in sorted(PACKAGE.rglob("*.py")) if path.name != "common.py"
                  for n, line in enumerate(path.read_text().splitlines(), 1) if "cuda.jit(" in line or "@cuda.jit" in line]
     assert not offenders, f"use kernels_numba.common.jit: {offenders}"
+
+
+CLOSURE_DIGESTS = """
+import json
+from kernels_numba.closure_key import closure_digest
+from kernels_numba.gemm_tc import TileShape, _gemm_tc_kernel
+from kernels_numba.mma import cp_async_wait_group
+
+
+def factory(tile, offset):
+    wait = cp_async_wait_group(tile.stages - 2)   # an intrinsic (a numba dispatcher-like object on a GPU)
+
+    def helper(a):
+        return a + tile.block_k + offset
+
+    def kernel(x):
+        wait()
+        helper(x)
+    return kernel
+
+
+tiles = [TileShape(64, 128, 32, 2, 2, 3), TileShape(64, 64, 32, 2, 2, 4)]
+digests = [closure_digest(factory(t, 0)) for t in tiles] + [closure_digest(factory(tiles[0], 1))]
+kernel = _gemm_tc_kernel(tiles[0], False, False)
+digests.append(closure_digest(getattr(kernel, "py_func", None) or kernel.fn))
+print(json.dumps(digests))
+"""
+
+
+def test_a_closure_kernels_cache_key_is_the_same_in_every_process_and_differs_by_its_values():
+    """numba keys a closure kernel by its free variables' pickle, and a dispatcher pickles with a random uuid (each
+    process compiled gemm_tc again); closure_key describes them by what they are made of."""
+    def digests():
+        proc = subprocess.run([sys.executable, "-c", CLOSURE_DIGESTS], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+    first, second = digests(), digests()
+    assert first == second
+    assert len(set(first)) == len(first), "another tile, another captured value: another key"
