@@ -26,18 +26,18 @@ def stable_token(value, depth: int = 0):
         function = value
     if function is not None and hasattr(function, "__code__"):
         cells = tuple(stable_token(cell.cell_contents, depth + 1) for cell in (function.__closure__ or ()))
-        return ("function", function.__module__, function.__qualname__, _code_token(function.__code__), cells)
+        return ("function", function.__module__, function.__qualname__, code_token(function.__code__), cells)
     try:
         return pickle.dumps(value, protocol=4)
     except Exception:  # (a module, a lock...: the same object in every process that imports the same sources)
         return ("unpicklable", type(value).__module__, type(value).__qualname__)
 
 
-def _code_token(code) -> tuple:
-    """A code object by its bytecode and constants, nested functions' code objects likewise (their repr holds an
-    address, different in every process: an @intrinsic's codegen is one)."""
-    consts = tuple(_code_token(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts)
-    return hashlib.sha256(code.co_code).hexdigest(), consts
+def code_token(code) -> tuple:
+    """A code object by its bytecode and constants, nested functions' code included (a code object's repr holds
+    its address, which differs from process to process)."""
+    consts = tuple(code_token(c) if hasattr(c, "co_code") else repr(c) for c in code.co_consts)
+    return (code.co_name, hashlib.sha256(code.co_code).hexdigest(), consts)
 
 
 def closure_digest(py_func) -> str:

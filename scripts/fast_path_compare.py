@@ -6,6 +6,7 @@ bf16's own distance from HF float32, stage by stage and in greedy tokens. On a G
                                         [--new-tokens 32] [--long-prompt 512] [--out DIR] [--hf-device cuda]
     NUMBA_ENABLE_CUDASIM=1 python scripts/fast_path_compare.py --model tinyvllm/demo_model --hf-device cpu \
         --new-tokens 3 --long-prompt 0                            # a slow dry run of the script itself
+    python scripts/fast_path_compare.py --recheck REPORT.json[.gz]  # today's rules on an earlier run's numbers
 
 Inputs: the random 1B model gets seeded random token ids (its tokenizer may be a placeholder), a real model three
 chat prompts; both also one long prompt (512 tokens), so the one step that prefills all prompts together has ~600
@@ -24,10 +25,13 @@ tokens peak near 100) are checked apart: an element is massive when |fp32| > MAS
 each token's max |fp32|. Such an element alone sets its stage's max, and its error is decided by a rounding or two:
 SmolLM2's layer-11 down_proj makes it from essentially two products (act 3064 x w 5.875 and 1119 x 6.06), and
 rounding that act to bf16 (3064.03 -> 3072, as HF bf16 and the fast path both must) alone moves the output by +47
-(scripts/massive_activation_rounding.py). So a stage's spread there is one draw of one rounding, not a statistic. The massive elements pass when |fast - fp32| <= one bf16 ulp of
-their value (2x the half ulp HF bf16 pays just to hold the value in bf16); the rest of the stage by the rule above,
-computed without them (spread, fast_b and fast_f over the other elements, relative to their max). The report also
-says which stages the whole-stage rule alone would fail.
+(scripts/massive_activation_rounding.py). So a stage's spread there is one draw of one rounding, not a statistic. The massive elements are measured in bf16 ulps of their value and
+pass by the same 2x rule against HF bf16's own error there, floored at one ulp: fast <= 2 max(HF bf16, 1 ulp) (HF
+bf16 holds the value in bf16, so a half ulp is its error's scale even where its one draw lands near 0). The rest of
+the stage passes by the rule above, computed without them (spread, fast_b and fast_f over the other elements,
+relative to their max). The report also says which stages the whole-stage rule alone would fail.
+(A first version asked massive elements for <= 1 ulp outright: on the H200 it failed 14 stages at 1.05 to 4.6 ulps
+where HF bf16's own error at the same elements reached 13.5 ulps: the bar was below HF bf16's own.)
 Greedy (the engine's generate: prefill on tensor cores, then the decode steps it runs): the fast tokens must equal
 HF bf16's up to the first step where HF bf16's own top-2 logit margin is below 2 x the logits spread (both top
 logits may move by the spread, in opposite directions); the first step where the margin falls below 1 x the
@@ -137,7 +141,7 @@ def bf16_ulp(values: np.ndarray) -> np.ndarray:
 
 def split_check(ours: np.ndarray, bf16: np.ndarray, fp32: np.ndarray) -> dict:
     """The stage's check with massive elements apart (see the module docstring): the 2x-spread rule over the other
-    elements, one bf16 ulp for the massive ones."""
+    elements, and over the massive ones in bf16 ulps of their value, HF bf16's error there floored at one ulp."""
     ours, bf16 = ours.reshape(fp32.shape).astype(np.float64), bf16.reshape(fp32.shape).astype(np.float64)
     ref = fp32.astype(np.float64)
     mask = massive_mask(ref)
@@ -149,10 +153,16 @@ def split_check(ours: np.ndarray, bf16: np.ndarray, fp32: np.ndarray) -> dict:
     spread, fast_b, fast_f = rel_rest(bf16, ref), rel_rest(ours, bf16), rel_rest(ours, ref)
     massive_ulps = float((np.abs(ours[mask] - ref[mask]) / bf16_ulp(ref[mask])).max()) if mask.any() else 0.0
     hf_massive_ulps = float((np.abs(bf16[mask] - ref[mask]) / bf16_ulp(ref[mask])).max()) if mask.any() else 0.0
-    ok = fast_f <= 2 * spread + 1e-6 and fast_b <= 3 * spread + 1e-6 and massive_ulps <= 1.0
     return {"massive": int(mask.sum()), "spread_rest": spread, "fast_vs_hf_bf16_rest": fast_b,
             "fast_vs_hf_fp32_rest": fast_f, "massive_fast_ulps": massive_ulps, "massive_hf_bf16_ulps": hf_massive_ulps,
-            "passed": ok}
+            "passed": passes(fast_f, fast_b, spread, massive_ulps, hf_massive_ulps)}
+
+
+def passes(fast_f: float, fast_b: float, spread: float, massive_fast_ulps: float, massive_hf_ulps: float) -> bool:
+    """The pass rule (module docstring): 2x / 3x the spread without massive elements, and at those, the fast error
+    within 2x HF bf16's, both in bf16 ulps of the value, HF's floored at one ulp."""
+    return (fast_f <= 2 * spread + 1e-6 and fast_b <= 3 * spread + 1e-6
+            and massive_fast_ulps <= 2 * max(massive_hf_ulps, 1.0))
 
 
 def where_it_differs(ours: np.ndarray, bf16: np.ndarray, fp32: np.ndarray) -> str:
@@ -172,7 +182,39 @@ def where_it_differs(ours: np.ndarray, bf16: np.ndarray, fp32: np.ndarray) -> st
             f"errors: fast vs fp32 {rms_rel(ours, fp32):.2e}, HF bf16 vs fp32 {rms_rel(bf16, fp32):.2e}")
 
 
+def recheck(path: Path) -> int:
+    """Apply this file's pass rules to a report JSON written earlier (its per-stage measurements), e.g. after a
+    rule changed: a summary, no GPU needed."""
+    import gzip
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        report = json.load(f)
+    failures, worst_rest, worst_massive = [], (0.0, ""), (0.0, "")
+    for r in report["stages"]:
+        where = f"prompt {r['prompt']} {r['stage']}"
+        if not passes(r["fast_vs_hf_fp32_rest"], r["fast_vs_hf_bf16_rest"], r["spread_rest"], r["massive_fast_ulps"],
+                      r["massive_hf_bf16_ulps"]):
+            failures.append(where)
+        worst_rest = max(worst_rest, (r["fast_vs_hf_fp32_rest"] / max(r["spread_rest"], 1e-12), where))
+        if r["massive"]:
+            worst_massive = max(worst_massive, (r["massive_fast_ulps"] / max(r["massive_hf_bf16_ulps"], 1.0),
+                                                f"{where} ({r['massive_fast_ulps']:.2f} vs {r['massive_hf_bf16_ulps']:.2f} ulps)"))
+    whole = sum(not r["whole_stage_passed"] for r in report["stages"])
+    greedy_ok = all(g["passed"] for g in report["greedy"])
+    print(f"{len(report['stages'])} stage checks; the whole-stage rule alone fails {whole}; with massive elements apart "
+          f"{len(failures)} fail{': ' + ', '.join(failures) if failures else ''}")
+    print(f"worst fast vs fp32 / spread without massive: {worst_rest[0]:.2f} at {worst_rest[1]}")
+    print(f"stages with massive elements: {sum(r['massive'] > 0 for r in report['stages'])}; worst fast / max(HF bf16, "
+          f"1 ulp): {worst_massive[0]:.2f} at {worst_massive[1]}")
+    print(f"greedy: {'PASS' if greedy_ok else 'FAIL'}")
+    ok = not failures and greedy_ok
+    print("Result: " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--recheck":
+        return recheck(Path(sys.argv[2]))
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True, help="random-1b, an HF Llama directory, or a .gguf (converted)")
     parser.add_argument("--model-dir", default="/tmp/llama-1b-random", help="where random-1b lives (written if missing)")
@@ -242,7 +284,7 @@ def main() -> int:
                                                          | {f"logits: {kernels['logits']}"})), "",
              "Whole stage: relative to the stage's max |fp32|. Without massive: the same over the elements that are not "
              f"massive (|fp32| > {MASSIVE:g} x the median token max); massive: count, worst |fast - fp32| and "
-             "|HF bf16 - fp32| in bf16 ulps of the value (pass <= 1). Pass: the without-massive rule and the ulp rule.",
+             "|HF bf16 - fp32| in bf16 ulps of the value (pass: fast <= 2 max(HF bf16, 1)). Pass: both rules.",
              "",
              "| prompt | stage | spread HF bf16 vs fp32 | fast vs HF bf16 | fast vs HF fp32 | whole-stage rule | "
              "spread without massive | fast vs fp32 without massive | massive: fast / HF bf16 ulps | pass |",

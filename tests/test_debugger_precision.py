@@ -66,7 +66,7 @@ def test_each_stage_reports_its_difference_from_the_other_precision_until_they_d
         assert diff.max_rel == delta.max() / np.abs(event.values.astype(np.float64)).max(), event.name
         assert diff.row_max_abs == tuple(as_rows(delta).max(axis=1)), event.name
         n = _roundings_upstream(event.name)
-        assert (diff.max_rel == 0) if n == 0 else (2.0**-12 <= diff.max_rel <= BF16_ROUNDING * n), \
+        assert (diff.max_rel <= FLOAT32_ORDER_NOISE) if n == 0 else (2.0**-12 <= diff.max_rel <= BF16_ROUNDING * n), \
             f"{event.name}: rel {diff.max_rel:.3e}, n {n}"
         view = session.view().golden
         assert view.precision == diff and view.precision_note == ""

@@ -102,7 +102,7 @@ def test_generation_adapter_gives_the_engines_greedy_text(model):
 def test_scoring_leaves_no_reference_cycles_per_request(model):
     """EngineBackend scores with the cyclic garbage collector off (backends.without_cyclic_gc): what the engine
     and the backend make per request must be freed by reference counting alone, so the garbage a collection
-    finds afterwards does not grow with the number of requests (a fixed few: the run's own closures)."""
+    finds afterwards does not grow with the number of requests (a fixed few at most: the run's own closures)."""
     backend = EngineBackend(engine(model))
 
     def jobs(n):
@@ -123,4 +123,5 @@ def test_scoring_leaves_no_reference_cycles_per_request(model):
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
-    assert garbage[0] == garbage[1], (garbage, kinds[1] - kinds[0])
+    # (on a GPU the first measured run collected 14 objects and the second none: a fixed few, not per request)
+    assert garbage[1] <= garbage[0], (garbage, kinds[1] - kinds[0])

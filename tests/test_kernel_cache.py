@@ -100,7 +100,9 @@ def factory(tile, offset):
     wait = cp_async_wait_group(tile.stages - 2)   # an intrinsic (a numba dispatcher-like object on a GPU)
 
     def helper(a):
-        return a + tile.block_k + offset
+        def nested(b):   # a code object among helper's constants: its repr holds an address
+            return b + offset
+        return nested(a) + tile.block_k
 
     def kernel(x):
         wait()

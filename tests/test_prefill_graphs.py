@@ -188,3 +188,24 @@ def test_engine_with_prefill_graphs_matches_eager_tokens_and_logprobs(model):
     assert eager_engine.prefill_graphs is None and eager_engine.decode_graphs is None
     assert graphed_engine.prefill_graphs.captured_buckets == [10] and graphed_engine.decode_graphs.captured_buckets
     assert graphed == eager
+
+
+def test_capture_graphs_takes_every_bucket_up_front_and_generation_then_captures_nothing(model):
+    """LLMEngine.capture_graphs (the bench and eval_bench call it before a timed run): every decode and prefill
+    bucket captured, each once; the outputs equal an engine that captured on first use."""
+    prompts = ["The sun rose over the quiet hills", "A small dog ran"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    config = EngineConfig(num_blocks=32, block_size=4, max_num_seqs=2, max_num_batched_tokens=20, cuda_graphs=True)
+    lazy = LLMEngine(model, config, log=lambda message: None)
+    expected = [o.token_ids for o in lazy.generate(prompts, greedy)]
+    logged = []
+    eager_capture = LLMEngine(model, config, log=lambda message: None)
+    eager_capture.capture_graphs(logged.append)
+    assert eager_capture.decode_graphs.captured_buckets == list(eager_capture.decode_graphs.buckets)
+    assert eager_capture.prefill_graphs.captured_buckets == list(eager_capture.prefill_graphs.buckets) == [16, 20]
+    assert [line.split()[1] for line in logged] == ["decode", "prefill"]
+    captured = {id(step) for graphs in (eager_capture.decode_graphs, eager_capture.prefill_graphs)
+                for step in graphs._captured.values()}
+    assert [o.token_ids for o in eager_capture.generate(prompts, greedy)] == expected
+    assert captured == {id(step) for graphs in (eager_capture.decode_graphs, eager_capture.prefill_graphs)
+                        for step in graphs._captured.values()}, "generation captured again"

@@ -22,7 +22,9 @@ CHAT = [{"role": "user", "content": "Where is the river?"}]
 
 
 def serve(*args, **popen):
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(ROOT)}
+    # the checkout first, then whatever PYTHONPATH already holds (the GPU machine's packages live on it)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": path}
     return subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "serve", *ENGINE_FLAGS, *args], cwd=ROOT, env=env,
                             text=True, **popen)
 

@@ -100,16 +100,7 @@ class EngineFactory:
         self.current = LLMEngine(self.model, dataclasses.replace(self.config, **overrides), log=self._log)
         # Every later run gets the pool the first one sized from free memory; and logs quietly.
         self.config = dataclasses.replace(self.config, num_blocks=self.current.kv_pool.num_blocks)
-        if self.current.decode_graphs is not None:  # capture now, as a server does at start, not in a timed run
-            start = time.perf_counter()
-            self.current.decode_graphs.capture_all()
-            self._log(f"captured decode CUDA graphs for batch sizes {self.current.decode_graphs.captured_buckets} "
-                      f"in {time.perf_counter() - start:.1f} s")
-        if self.current.prefill_graphs is not None:  # the same for steps with prefill chunks
-            start, graphs = time.perf_counter(), self.current.prefill_graphs
-            graphs.capture_all()
-            self._log(f"captured prefill CUDA graphs for {graphs.captured_buckets} tokens in "
-                      f"{time.perf_counter() - start:.1f} s (activations {graphs.storage.bytes / 2**20:.0f} MiB)")
+        self.current.capture_graphs(self._log)  # now, not in a timed run
         self._log = lambda message: None
         return self.current
 
