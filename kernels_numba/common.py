@@ -41,7 +41,8 @@ def _serialise_simulated_shared_arrays() -> None:
     """The simulator hands each block's threads one shared array per source line, created by whichever
     thread gets there first: `get` then `set` on a dict, with no lock. Two threads switching between the
     two make two arrays, and the block silently computes with a private copy (seen as a rare, load-
-    dependent test failure). Same lookup, under a lock; it also reads one stack frame, not the whole stack."""
+    dependent test failure). Same lookup, under a lock; it also reads one stack frame, not the whole stack.
+    Dynamic shared memory (shape 0: one buffer of the launch's size, shared by every thread) stays the simulator's."""
     import threading
     import traceback
 
@@ -53,8 +54,10 @@ def _serialise_simulated_shared_arrays() -> None:
     lock = threading.Lock()
 
     def array(self, shape, dtype, alignment=None):
-        if alignment is not None or shape == 0:  # errors and dynamic shared memory: unchanged
+        if alignment is not None:  # the simulator's error
             return original(self, shape, dtype, alignment)
+        if shape == 0:  # dynamic shared memory, the simulator's (which reads an itemsize off `dtype`: a numpy dtype)
+            return original(self, shape, np.dtype(dtype) if isinstance(dtype, type) else dtype)
         if isinstance(dtype, numba_types.Type):
             dtype = numpy_support.as_dtype(dtype)
         caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2])  # (file, line)
@@ -325,6 +328,44 @@ _target = _LaunchTarget()
 def launch_stream():
     """The stream every launcher launches on (kernel[grid, block, launch_stream()])."""
     return _target.stream
+
+
+STATIC_SHARED_LIMIT = 48 * 1024  # the shared memory any kernel may have a block without opting in
+_SHARED_OPT_INS: dict = {}  # a kernel overload's loaded function (one per device) -> the dynamic bytes it may use
+
+
+def launch_with_shared(kernel, grid, threads, shared_bytes: int, *args) -> None:
+    """kernel[grid, threads, launch_stream(), shared_bytes](*args): a launch with `shared_bytes` of dynamic shared
+    memory (`cuda.shared.array(0, dtype)` in the kernel). Past 48 KB a kernel must opt in, per loaded function on
+    each device: the overload these arguments launch is compiled (or found) first and allowed `shared_bytes`
+    (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), once; later launches, a CUDA graph's capture included, find
+    it done (a capture's eager recording runs first), at the cost of typing the arguments once more (microseconds).
+    Setting it is no stream operation, so it is legal while a stream captures anyway. A no-op in the simulator."""
+    if shared_bytes > STATIC_SHARED_LIMIT and not SIMULATOR:
+        _allow_dynamic_shared(kernel, args, shared_bytes)
+    kernel[grid, threads, launch_stream(), shared_bytes](*args)
+
+
+def _allow_dynamic_shared(kernel, args, shared_bytes: int) -> None:
+    overload = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))  # the _Kernel the launch will take
+    function = overload._codelibrary.get_cufunc()  # loaded on the current device
+    if _SHARED_OPT_INS.get(function, 0) >= shared_bytes:
+        return
+    device = function.device
+    limit = device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    name = getattr(kernel, "__qualname__", kernel)
+    assert shared_bytes <= limit, (
+        f"{name}: {shared_bytes} B of shared memory a block, over the {limit} B this GPU ({device.name}) allows one")
+    _set_max_dynamic_shared(function, shared_bytes)
+    _SHARED_OPT_INS[function] = shared_bytes
+
+
+def _set_max_dynamic_shared(function, shared_bytes: int) -> None:
+    """A loaded kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES on its device, the way numba-cuda sets a
+    kernel's shared memory carveout (CudaPythonFunction.set_shared_memory_carveout)."""
+    from numba.cuda.cudadrv.driver import binding, driver
+    attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attribute, shared_bytes, function.handle, function.device.id)
 
 
 def device_empty(shape, dtype):

@@ -18,6 +18,11 @@ ldmatrix.x4 per 16 rows) and B fragments (one ldmatrix.x4 per 16 features: W [n]
 ldmatrix's 8 row addresses then fall in distinct banks. Epilogue: each lane stores its accumulators (two
 consecutive features of two tokens per mma tile), with `ResidualEpilogue` also out + residual.
 
+The stage buffers are carved out of one dynamic shared array, x's stages then W's (mma.shared_view), its size
+(TileShape.shared_bytes()) given at launch: a tile may take up to the 227 KB a block may opt in to on an H100/H200
+(common.launch_with_shared opts the kernel in past 48 KB), where a static declaration stops at 48 KB (block_k 64
+at 128 x 128 over 3 stages is 108 KB).
+
 Split-K (`splits` > 1, chosen by `split_for`) is for decode batches, where too few blocks each walk a long K:
 the grid gets a z dimension, block z walks only its share of K's block_k slices and stores its float32 partial
 tile in a workspace [splits * M, N] (device_empty: a CUDA graph's BufferArena), and `sum_splits_kernel` adds the
@@ -39,15 +44,19 @@ import functools
 import numpy as np
 
 from .bf16 import f32_to_bf16
-from .common import (SHARED_ALIGN, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty)
+from .common import (SHARED_ALIGN, cuda, jit, cdiv, grid_stride_launch, launch_stream, launch_with_shared,
+                     device_empty)
 from .epilogues import FusedOutputs, ResidualEpilogue, fused_outputs
-from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, ldmatrix_x4, mma_bf16_m16n8k16
+from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, ldmatrix_x4, mma_bf16_m16n8k16, shared_view
 
 WARP = 32
 CHUNK = 8      # bf16 per 16-byte copy
 ROW_PAD = 8    # bf16 of padding per shared row (16 bytes)
 CONVERT_THREADS = 256
 SUM_THREADS = 256
+# The most shared memory a block may have on compute capability 9.0 (H100, H200), opting in past 48 KB: 227 KB.
+# TileShape.check holds tiles to it; a launch also checks the GPU's own limit (launch_with_shared).
+SHARED_LIMIT = 227 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class TileShape:
         return self.warps_m * self.warps_n * WARP
 
     def shared_bytes(self) -> int:
+        """The block's dynamic shared memory: `stages` buffers of x's block_m and W's block_n padded rows."""
         return self.stages * (self.block_m + self.block_n) * (self.block_k + ROW_PAD) * 2
 
     def check(self) -> None:
@@ -71,7 +81,9 @@ class TileShape:
         assert warp_m * self.warps_m == self.block_m and warp_m % 16 == 0, f"{self}: warp rows not a multiple of 16"
         assert warp_n * self.warps_n == self.block_n and warp_n % 16 == 0, f"{self}: warp columns not a multiple of 16"
         assert self.block_k % 16 == 0 and self.stages >= 2, self
-        assert self.shared_bytes() <= 48 * 1024, f"{self}: {self.shared_bytes()} B of static shared memory (48 KB)"
+        assert self.shared_bytes() <= SHARED_LIMIT, (
+            f"{self}: {self.shared_bytes()} B of shared memory a block, over the {SHARED_LIMIT} B "
+            f"({SHARED_LIMIT // 1024} KB) a block may opt in to on an H100/H200 (SHARED_LIMIT)")
 
 
 # Chosen by scripts/sweep_tc_gemm.py on the H200 (docs/bench/h200-round7-sweep_tc_gemm.log, Llama-3.2-1B's four
@@ -142,6 +154,11 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
     x_rounds, w_rounds = cdiv(x_chunks, threads), cdiv(w_chunks, threads)  # per thread
     padded_k = bk + ROW_PAD
     wait_prior = cp_async_wait_group(stages - 2)  # the oldest stage in flight has landed
+    # x's stages, then W's, in the one dynamic shared array (launched with tile.shared_bytes()): W starts stages * bm
+    # rows of padded_k bf16 in, a multiple of 16 bytes, so every row stays 16-byte aligned for cp.async and ldmatrix
+    x_view, w_view = shared_view((stages, bm, padded_k)), shared_view((stages, bn, padded_k))
+    w_start = stages * bm * padded_k
+    assert w_start * 2 % 16 == 0 and (w_start + stages * bn * padded_k) * 2 == tile.shared_bytes(), tile
 
     @jit(device=True)
     def copy_slice(x_bits, w_bits, x_tile, w_tile, stage, k0, m0, n0, tid, num_tokens, out_features, in_features):
@@ -168,9 +185,9 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
 
     @jit
     def kernel(x_bits, w_bits, out, residual_in, residual_out):
-        # one shared array per line: the simulator aliases two declared on the same line
-        x_tile = cuda.shared.array((stages, bm, padded_k), np.uint16, alignment=SHARED_ALIGN)
-        w_tile = cuda.shared.array((stages, bn, padded_k), np.uint16, alignment=SHARED_ALIGN)
+        smem = cuda.shared.array(0, np.uint16, alignment=SHARED_ALIGN)  # dynamic: tile.shared_bytes() at launch
+        x_tile = x_view(smem, 0)        # [stages, bm, padded_k]
+        w_tile = w_view(smem, w_start)  # [stages, bn, padded_k]
         acc = cuda.local.array((m_tiles, n_tiles, 4), np.float32)
         a_frag = cuda.local.array((m_tiles, 4), np.uint32)
         b_frag = cuda.local.array((n_tiles, 2), np.uint32)
@@ -328,12 +345,12 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     residual_in = epilogue.residual if residual else result.out
     residual_out = result.residual_out if residual else result.out
     if splits == 1:
-        kernel = gemm_tc_kernel(tile, residual)
-        kernel[grid, tile.threads, launch_stream()](x_bits, w_bits, result.out, residual_in, residual_out)
+        launch_with_shared(gemm_tc_kernel(tile, residual), grid, tile.threads, tile.shared_bytes(),
+                           x_bits, w_bits, result.out, residual_in, residual_out)
         return result
     partials = device_empty((splits * num_tokens, out_features), np.float32)
-    gemm_tc_kernel(tile, split=True)[grid + (splits,), tile.threads, launch_stream()](
-        x_bits, w_bits, partials, partials, partials)
+    launch_with_shared(gemm_tc_kernel(tile, split=True), grid + (splits,), tile.threads, tile.shared_bytes(),
+                       x_bits, w_bits, partials, partials, partials)
     blocks, threads = grid_stride_launch(num_tokens * out_features, SUM_THREADS)
     sum_splits_kernel(residual)[blocks, threads, launch_stream()](partials, splits, result.out, residual_in,
                                                                   residual_out)

@@ -33,6 +33,11 @@ instruction as inline assembly (llvmlite ir.InlineAsm, as numba-cuda's own cache
   expf, several instructions around the same ex2 to reach 1 ulp.
 - `load_x4(array, i, j) -> 4 values`: ld.global.nc.v4 (one 128-bit load of 4 32-bit elements,
   array[i, j:j+4]; j a multiple of 4 and rows 16-byte aligned).
+- `shared_view(shape)(flat, start)`: flat[start : start + prod(shape)] as a C-contiguous array of `shape`, for
+  carving tiles out of the one dynamic shared array (`cuda.shared.array(0, dtype)`, sized at launch: past the 48
+  KB a block may declare statically). No instruction: an array whose shape and strides are compile-time constants
+  (numba's reshape would compute strides at run time in a linked helper), so indexing the view compiles to the
+  same address arithmetic as a static shared array's. Nothing checks that the view fits: the launch's size must.
 
 In the simulator (no PTX) each is a Python twin with the same arguments and results, so a tiled kernel built
 from them runs there unchanged. A simulated CUDA thread is a Python thread, so the warp-collective twins make
@@ -226,6 +231,34 @@ if not SIMULATOR:
 
         return sig, codegen
 
+    @functools.cache
+    def shared_view(shape: tuple):
+        """The device function view(flat, start): flat[start : start + prod(shape)] as a C array of `shape`."""
+        shape = tuple(int(n) for n in shape)
+
+        @intrinsic
+        def view(typingctx, flat, start):
+            if not isinstance(flat, types.Array) or flat.ndim != 1 or flat.layout != "C":
+                raise TypeError(f"shared_view wants a 1-D C-contiguous array, got {flat}")
+            if not isinstance(start, types.Integer):
+                raise TypeError(f"shared_view wants an integer start, got {start}")
+            result = types.Array(flat.dtype, len(shape), "C")
+            sig = result(flat, start)
+
+            def codegen(context, builder, signature, args):
+                data = _element_pointer(context, builder, signature.args[0], args[0], signature.args[1:], args[1:])
+                itemsize = context.get_abi_sizeof(context.get_data_type(signature.args[0].dtype))
+                strides = [itemsize * int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
+                array = context.make_array(signature.return_type)(context, builder)
+                context.populate_array(array, data=data, shape=[context.get_constant(types.intp, n) for n in shape],
+                                       strides=[context.get_constant(types.intp, n) for n in strides],
+                                       itemsize=context.get_constant(types.intp, itemsize), meminfo=None)
+                return array._getvalue()
+
+            return sig, codegen
+
+        return view
+
 else:
     class _WarpMeeting:
         """Where the 32 simulated lanes of one warp meet at a warp-collective op. Each lane leaves its operands
@@ -377,6 +410,16 @@ else:
 
     def load_x4(array, i, j):
         return array[i, j], array[i, j + 1], array[i, j + 2], array[i, j + 3]
+
+    @functools.cache
+    def shared_view(shape: tuple):
+        shape = tuple(int(n) for n in shape)
+        size = int(np.prod(shape))
+
+        def view(flat, start):  # (a short flat array fails the reshape: a launch with too little dynamic memory)
+            return flat[start:start + size].reshape(shape)
+
+        return view
 
 
 cp_async_wait_all = cp_async_wait_group(0)

@@ -1,7 +1,9 @@
 """On the GPU: compile gemm_tc for every tile shape scripts/sweep_tc_gemm.py sweeps (and the residual epilogue at
 the default tile, split-K at the default and small tiles) and the tensor-core prefill attention, then read each
 kernel's SASS (nvdisasm): tensor-core mmas (HMMA), ldmatrix (LDSM) and, in gemm_tc and prefill_tc from a bf16 pool,
-cp.async (LDGSTS) must be there, local memory (LDL / STL: spills or a register array indexed at run time) must not.
+cp.async (LDGSTS) must be there, local memory (LDL / STL: spills or a register array indexed at run time) must not:
+not in any tile gemm_tc.tile_for picks; in the sweep's other candidates it is reported ("spills"), for the sweep to
+weigh (local ptxas: 128 x 128 x 64 over 2 x 2 warps spills 64 bytes).
 
     python scripts/check_tc_sass.py            # prints one line per kernel, then PASS or FAIL (exit status 1)
 """
@@ -21,7 +23,7 @@ def count(sass: str, opcode: str) -> int:
 def main() -> int:
     from kernels_numba.common import cuda
     from kernels_numba.epilogues import ResidualEpilogue
-    from kernels_numba.gemm_tc import DEFAULT_TILE, SMALL_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel
+    from kernels_numba.gemm_tc import DEFAULT_TILE, LARGE_TILE, SMALL_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel
     from sweep_tc_gemm import TILES
     x = cuda.to_device(np.zeros((8, 64), np.uint16))
     w = cuda.to_device(np.zeros((16, 64), np.uint16))
@@ -45,9 +47,11 @@ def main() -> int:
             regs = kernel.overloads[signature].regs_per_thread
             hmma, ldsm, ldgsts = count(sass, "HMMA"), count(sass, "LDSM"), count(sass, "LDGSTS")
             local = count(sass, "LDL") + count(sass, "STL")
-            ok = hmma > 0 and ldsm > 0 and ldgsts > 0 and local == 0
+            planned = tile in (DEFAULT_TILE, LARGE_TILE, SMALL_TILE)  # what tile_for picks: no local memory
+            ok = hmma > 0 and ldsm > 0 and ldgsts > 0 and (local == 0 or not planned)
             failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {tile}{' +residual' if with_residual else ''}"
+            verdict = ("ok  " if local == 0 else "spills") if ok else "FAIL"
+            print(f"{verdict} {tile}{' +residual' if with_residual else ''}"
                   f"{' split-K' if splits > 1 else ''}: HMMA {hmma}, LDSM {ldsm}, "
                   f"LDGSTS {ldgsts}, LDL/STL {local}, registers {regs}", flush=True)
     # prefill_tc at Llama-3.2-1B's shape (head_dim 64, 4 heads a KV head, blocks of 16), either pool: HMMA and LDSM

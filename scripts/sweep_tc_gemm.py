@@ -2,7 +2,7 @@
 (fp32 CUDA cores, the current prefill GEMM) and torch's bf16 matmul (cuBLAS) when torch has CUDA.
 
     python scripts/sweep_tc_gemm.py [--tokens 128,512,1024,4096] [--shapes qkv,o_proj,gate_up,down] [--repeats 20]
-                                    [--tiles all|default|0,5,6] [--splits 1,2,4,8]
+                                    [--tiles all|default|0,5,6|128x128x64x2x2x3,...] [--splits 1,2,4,8]
     python scripts/sweep_tc_gemm.py --tokens 64,256 --splits 1,2,4,8 --tiles 4,5,6,7   # decode batches, split-K
 Shapes are Llama-3.2-1B's projections (N x K). gemm_tc is timed on bf16 activations (the kernel alone; the
 float32 -> bf16 rounding gemm_tc does first for float32 x is timed once per shape, `to_bf16`), launches captured
@@ -25,10 +25,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
           "lm_head": (128256, 2048)}
-# (block_m, block_n, block_k, warps_m, warps_n, stages); TileShape.check rejects what does not fit 48 KB.
+# (block_m, block_n, block_k, warps_m, warps_n, stages); TileShape.check rejects what passes 227 KB of shared memory.
+# `--tiles` takes indices into this list (new tiles go at its end, so old indices keep naming the same tile).
 TILES = [(128, 128, 32, 2, 2, 2), (128, 128, 16, 2, 2, 3), (128, 128, 32, 2, 4, 2), (128, 128, 32, 4, 2, 2),
          (128, 64, 32, 2, 2, 3), (64, 128, 32, 2, 2, 3), (64, 64, 32, 2, 2, 4), (64, 64, 64, 2, 2, 2),
-         (128, 256, 16, 2, 4, 2), (256, 128, 16, 4, 2, 2)]
+         (128, 256, 16, 2, 4, 2), (256, 128, 16, 4, 2, 2),
+         # 10-19: past the 48 KB a static shared declaration allowed (dynamic shared memory, opted in at launch):
+         # deeper pipelines and block_k 64; warps of 64 x 64 (128 accumulators a thread) or 64 x 32 / 32 x 64
+         (128, 128, 32, 2, 2, 3), (128, 128, 32, 2, 2, 4), (128, 128, 64, 2, 2, 3), (128, 128, 64, 2, 2, 4),
+         (128, 128, 64, 2, 4, 3), (64, 128, 32, 2, 2, 4), (64, 128, 64, 2, 2, 3), (128, 256, 32, 2, 4, 3),
+         (256, 128, 32, 4, 2, 3), (128, 256, 64, 2, 4, 3)]
+
+
+def parse_tiles(spec: str) -> list[tuple]:
+    """'all', or comma-separated indices into TILES and literal shapes written 128x128x64x2x2x3."""
+    if spec == "all":
+        return list(TILES)
+    return [tuple(int(v) for v in item.split("x")) if "x" in item else TILES[int(item)] for item in spec.split(",")]
 
 
 def check(got_rows, x_bits, w_bits, rows, columns):
@@ -49,7 +62,9 @@ def main():
     parser.add_argument("--tokens", default="128,512,1024,4096")
     parser.add_argument("--shapes", default="qkv,o_proj,gate_up,down")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--tiles", default="all", help="'all', 'default', or indices into TILES (comma-separated)")
+    parser.add_argument("--tiles", default="all", help="'all', 'default', or indices into TILES and shapes like "
+                                                       "128x128x64x2x2x3 (block m, n, k, warps m, n, stages), "
+                                                       "comma-separated")
     parser.add_argument("--splits", default="1", help="split-K splits to time each tile at (comma-separated)")
     args = parser.parse_args()
     from kernels_numba.common import cuda
@@ -60,15 +75,17 @@ def main():
     if args.tiles == "default":
         tiles = [DEFAULT_TILE]
     else:
-        chosen = TILES if args.tiles == "all" else [TILES[int(i)] for i in args.tiles.split(",")]
         tiles = []
-        for spec in chosen:
+        for spec in parse_tiles(args.tiles):
             tile = TileShape(*spec)
             try:
                 gemm_tc_kernel(tile)
                 tiles.append(tile)
             except AssertionError as e:
                 print(f"skip {spec}: {e}")
+    for tile in tiles:
+        print(f"tile {tile}: {tile.threads} threads, {tile.shared_bytes()} B of shared memory "
+              f"({tile.shared_bytes() / 1024:.1f} KB)", flush=True)
     try:
         import torch
         torch_cuda = torch.cuda.is_available()

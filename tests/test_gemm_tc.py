@@ -73,6 +73,28 @@ def test_gemm_tc_takes_bf16_bits_and_a_residual(rng):
     np.testing.assert_array_equal(summed.copy_to_host(), got + residual)  # one float32 add
 
 
+def test_gemm_tc_with_block_k_64_and_three_stages(rng):
+    """block_k 64 (4 k steps a slice) over a 3-stage ring that wraps (K 200: 3 whole slices and 8 of a fourth),
+    M and N ending in partial tiles: the x and W regions carved from the one dynamic shared array."""
+    tile = TileShape(32, 32, 64, 1, 2, 3)
+    x, w_bits = _inputs(rng, 37, 45, 200)
+    out = poisoned((37, 45), np.float32)
+    got = gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), out, tile=tile)
+    _assert_within_bound(got.copy_to_host(), x, w_bits)
+
+
+def test_tiles_past_48_kb_pass_the_check():
+    """Shared memory is dynamic, sized at launch: a tile may use up to the 227 KB a block may opt in to (H100, H200),
+    no longer only the 48 KB of a static declaration."""
+    from kernels_numba.gemm_tc import SHARED_LIMIT
+    big = TileShape(128, 128, 64, 2, 2, 3)
+    assert big.shared_bytes() == 3 * 256 * 72 * 2 > 48 * 1024
+    big.check()
+    widest = TileShape(128, 256, 64, 2, 4, 4)  # 4 x 384 x 72 x 2 = 221184 B: just under the limit
+    assert widest.shared_bytes() <= SHARED_LIMIT == 232448
+    widest.check()
+
+
 def test_to_bf16_rows_rounds_a_strided_view_to_nearest_even(rng):
     x = rng.standard_normal((5, 24)).astype(np.float32)
     x[0, :4] = [np.inf, -0.0, np.nan, 3.0000002]
@@ -90,8 +112,8 @@ def test_gemm_tc_rejects_what_it_cannot_run(rng):
     x, w_bits = _inputs(rng, 4, 16, 64)
     with pytest.raises(AssertionError, match="SwiGLUEpilogue"):
         gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), SwiGLUEpilogue())
-    with pytest.raises(AssertionError, match="shared memory"):
-        gemm_tc_kernel(TileShape(128, 256, 32, 2, 4))
+    with pytest.raises(AssertionError, match="294912 B of shared memory a block, over the 232448 B"):
+        gemm_tc_kernel(TileShape(256, 256, 64, 4, 4, 4))  # 4 stages of 512 rows of 72 bf16: past 227 KB
     with pytest.raises(AssertionError, match="multiple of 16"):
         gemm_tc_kernel(TileShape(48, 32, 32, 2, 2))
     empty = gemm_tc(cuda.to_device(np.zeros((0, 64), np.float32)), cuda.to_device(w_bits))
@@ -148,6 +170,96 @@ def test_split_k_at_decode_batches_on_the_gpu(rng, m, n, k):
         assert not np.isnan(got).any(), f"splits {splits}: some outputs were never written"
         _assert_within_bound(got, x, w_bits, columns)
         np.testing.assert_array_equal(summed.copy_to_host(), got + residual)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="GPU only (TINYVLLM_TEST_GPU=1): tiles past 48 KB of shared memory")
+@pytest.mark.parametrize("tile, splits", [(TileShape(128, 128, 64, 2, 2, 3), 1), (TileShape(128, 256, 32, 2, 4, 3), 1),
+                                          (TileShape(128, 128, 64, 2, 2, 4), 2)])
+def test_tiles_past_48_kb_on_the_gpu(rng, tile, splits):
+    """Tiles of 108, 90 and 144 KB of dynamic shared memory (the launch opts each kernel in first) at q|k|v's
+    shape with 300 tokens (partial tiles in M): every output written, within the bound; the 144 KB tile through
+    split-K's kernel (another kernel to opt in) with a residual."""
+    assert tile.shared_bytes() > 48 * 1024
+    n, k = 3072, 2048
+    x = rng.standard_normal((300, k)).astype(np.float32)
+    w_bits = _model_weight(n, k)
+    residual = rng.standard_normal((300, n)).astype(np.float32)
+    columns = np.sort(rng.choice(n, size=512, replace=False))
+    for _ in range(2):  # the second launch finds the kernel opted in already
+        out, summed = poisoned((300, n), np.float32), poisoned((300, n), np.float32)
+        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), ResidualEpilogue(cuda.to_device(residual), summed),
+                      out=out, tile=tile, splits=splits)
+        got = out.copy_to_host()
+        assert not np.isnan(got).any(), "some outputs were never written"
+        _assert_within_bound(got, x, w_bits, columns)
+        np.testing.assert_array_equal(summed.copy_to_host(), got + residual)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="GPU only (TINYVLLM_TEST_GPU=1): the GPU's own shared memory limit")
+def test_launch_with_shared_past_the_gpus_limit_says_so():
+    from kernels_numba.common import launch_with_shared
+
+    @cuda.jit
+    def fill(out):
+        smem = cuda.shared.array(0, np.float32)
+        smem[cuda.threadIdx.x] = cuda.threadIdx.x
+        out[cuda.threadIdx.x] = smem[cuda.threadIdx.x]
+
+    limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    out = poisoned(32, np.float32)
+    launch_with_shared(fill, 1, 32, limit, out)  # the most it may have: fine
+    np.testing.assert_array_equal(out.copy_to_host(), np.arange(32, dtype=np.float32))
+    with pytest.raises(AssertionError, match=f"{limit + 16} B of shared memory a block, over the {limit} B"):
+        launch_with_shared(fill, 1, 32, limit + 16, out)
+
+
+def test_launch_with_shared_opts_each_loaded_kernel_in_once(monkeypatch):
+    """The GPU path of common.launch_with_shared, its driver call stood in for (runs in the simulator too): past 48
+    KB the overload the arguments select is allowed the bytes before its launch, once per loaded function (again
+    only for more); at 48 KB or less nothing is set; past the GPU's opt-in limit, a message and no launch."""
+    from types import SimpleNamespace
+
+    import kernels_numba.common as common
+    events = []
+    device = SimpleNamespace(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=232448, name="H200", id=0)
+
+    class Function:  # a loaded kernel: hashed by identity, as numba's CudaPythonFunction
+        def __init__(self, name):
+            self.device, self.name = device, name
+
+    functions = {t: Function(t) for t in ("u2", "f4")}
+
+    class FakeKernel:  # a numba dispatcher: types arguments, compiles (or finds) an overload, launches
+        def __init__(self):
+            self.__qualname__ = "fake_kernel"  # (update_wrapper gives a dispatcher its function's)
+
+        def typeof_pyval(self, a):
+            return a.dtype.str[1:]
+
+        def compile(self, argtypes):
+            events.append(("compile", argtypes))
+            return SimpleNamespace(_codelibrary=SimpleNamespace(get_cufunc=lambda: functions[argtypes[0]]))
+
+        def __getitem__(self, config):
+            return lambda *args: events.append(("launch", config[3], args[0].dtype.str[1:]))
+
+    monkeypatch.setattr(common, "SIMULATOR", False)
+    monkeypatch.setattr(common, "_SHARED_OPT_INS", {})
+    monkeypatch.setattr(common, "_set_max_dynamic_shared", lambda f, n: events.append(("allow", f.name, n)))
+    kernel, u2, f4 = FakeKernel(), np.zeros(1, np.uint16), np.zeros(1, np.float32)
+    common.launch_with_shared(kernel, 1, 32, 48 * 1024, u2)
+    assert events == [("launch", 48 * 1024, "u2")]
+    events.clear()
+    for shared, arg in [(110592, u2), (110592, u2), (110592, f4), (65536, f4), (147456, f4)]:
+        common.launch_with_shared(kernel, 1, 32, shared, arg)
+    assert [e for e in events if e[0] != "compile"] == [
+        ("allow", "u2", 110592), ("launch", 110592, "u2"), ("launch", 110592, "u2"),
+        ("allow", "f4", 110592), ("launch", 110592, "f4"), ("launch", 65536, "f4"),
+        ("allow", "f4", 147456), ("launch", 147456, "f4")]
+    events.clear()
+    with pytest.raises(AssertionError, match="fake_kernel: 232464 B of shared memory a block, over the 232448 B"):
+        common.launch_with_shared(kernel, 1, 32, 232464, u2)
+    assert events == [("compile", ("u2",))]
 
 
 def test_tile_for_picks_the_sweeps_winners():

@@ -8,7 +8,7 @@ from kernels_numba.bf16 import f32_to_bf16_ref
 from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cdiv, cuda, jit
 from kernels_numba.mma import (cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group, exp2_approx,
                                ldmatrix_x4, ldmatrix_x4_trans, load_x4, mma_bf16_m16n8k16, mma_ref, pack_bf16x2,
-                               pack_f32_bf16x2, shfl_xor)
+                               pack_f32_bf16x2, shared_view, shfl_xor)
 from tests.helpers import poisoned
 
 WARPS = 2  # warps per block: each warp's lanes must meet their own warp, not the other's
@@ -295,3 +295,34 @@ def test_pack_f32_bf16x2_rounds_to_nearest_even_like_f32_to_bf16(rng):
     pack_kernel[cdiv(values.size, 128), 128](cuda.to_device(lo), cuda.to_device(hi), out)
     want = f32_to_bf16_ref(lo).astype(np.uint32) | (f32_to_bf16_ref(hi).astype(np.uint32) << np.uint32(16))
     np.testing.assert_array_equal(out.copy_to_host(), want)
+
+
+TILE_VIEW, ROWS_VIEW = shared_view((2, 3, 8)), shared_view((3, 8))
+ROWS_START = 48  # elements: after the (2, 3, 8) tile, 96 bytes in (16-byte aligned)
+
+
+@jit
+def shared_views_kernel(tile_values, rows_values, flat_out):
+    """Writes through two views of the dynamic shared array, then copies the flat array out."""
+    smem = cuda.shared.array(0, np.uint16, alignment=SHARED_ALIGN)
+    tile = TILE_VIEW(smem, 0)
+    rows = ROWS_VIEW(smem, ROWS_START)
+    tid = cuda.threadIdx.x
+    for i in range(tid, 48, cuda.blockDim.x):
+        tile[i // 24, (i // 8) % 3, i % 8] = tile_values[i // 24, (i // 8) % 3, i % 8]
+    for i in range(tid, 24, cuda.blockDim.x):
+        rows[i // 8, i % 8] = rows_values[i // 8, i % 8]
+    cuda.syncthreads()
+    for i in range(tid, flat_out.size, cuda.blockDim.x):
+        flat_out[i] = smem[i]
+
+
+def test_shared_view_carves_c_arrays_out_of_dynamic_shared_memory(rng):
+    """shared_view's arrays are C-ordered at their element offset: the flat dynamic array holds the (2, 3, 8) tile
+    then the (3, 8) rows, row by row (through launch_with_shared, the dynamic memory's size the 4th launch item)."""
+    from kernels_numba.common import launch_with_shared
+    tile = rng.integers(1, 2**16, (2, 3, 8)).astype(np.uint16)
+    rows = rng.integers(1, 2**16, (3, 8)).astype(np.uint16)
+    flat = poisoned(72, np.uint16)
+    launch_with_shared(shared_views_kernel, 1, 32, 72 * 2, cuda.to_device(tile), cuda.to_device(rows), flat)
+    np.testing.assert_array_equal(flat.copy_to_host(), np.concatenate([tile.ravel(), rows.ravel()]))
