@@ -87,9 +87,12 @@ class TileShape:
 
 
 # Chosen by scripts/sweep_tc_gemm.py on the H200 (docs/bench/h200-round7-sweep_tc_gemm.log, Llama-3.2-1B's four
-# projections at 128, 1024 and 4096 tokens): the best geometric mean over the 12 cases. `tile_for` picks per GEMM.
-DEFAULT_TILE = TileShape(64, 128, 32, 2, 2, 3)
-LARGE_TILE = TileShape(128, 128, 32, 2, 2, 2)   # best where its blocks fill the GPU twice over (4096 tokens)
+# projections at 128, 1024 and 4096 tokens; docs/bench/h200-round10-sweep-tc-gemm-dynamic.log, tiles past 48 KB of
+# shared memory at 1024 and 4096). `tile_for` picks per GEMM. Round 10's winners in their own regimes: 64 x 128 with
+# block_k 64 (81 KB) at 1,024 rows (o_proj 51.3 -> 45.2 us, down 184.7 -> 159.7, qkv 72.9 either way); 128 x 128
+# over 4 stages (80 KB) where 128 x 128 fills the GPU twice (gate_up 1,024 rows 338 -> 292 us, 4,096 1,307 -> 1,143).
+DEFAULT_TILE = TileShape(64, 128, 64, 2, 2, 3)
+LARGE_TILE = TileShape(128, 128, 32, 2, 2, 4)   # best where its blocks fill the GPU twice over (4096 tokens)
 SMALL_TILE = TileShape(64, 64, 32, 2, 2, 4)     # best where even DEFAULT_TILE's blocks do not fill it once (128)
 H200_SMS = 132
 

@@ -25,11 +25,11 @@ def main() -> int:
     from kernels_numba.epilogues import ResidualEpilogue
     from kernels_numba.gemm_tc import DEFAULT_TILE, LARGE_TILE, SMALL_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel
     from sweep_tc_gemm import TILES
-    x = cuda.to_device(np.zeros((8, 64), np.uint16))
-    w = cuda.to_device(np.zeros((16, 64), np.uint16))
+    x = cuda.to_device(np.zeros((8, 128), np.uint16))
+    w = cuda.to_device(np.zeros((16, 128), np.uint16))
     residual = cuda.to_device(np.zeros((8, 16), np.float32))
     cases = ([(DEFAULT_TILE, True, 1)] + [(TileShape(*spec), False, 1) for spec in TILES]
-             + [(DEFAULT_TILE, False, 2), (SMALL_TILE, False, 2)])  # split-K: K 64 is 2 slices of 32
+             + [(DEFAULT_TILE, False, 2), (SMALL_TILE, False, 2)])  # split-K: K 128 is 2 slices of 64 or 4 of 32
     failures = 0
     for tile, with_residual, splits in cases:
         try:

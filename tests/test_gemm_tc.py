@@ -263,8 +263,10 @@ def test_launch_with_shared_opts_each_loaded_kernel_in_once(monkeypatch):
 
 
 def test_tile_for_picks_the_sweeps_winners():
-    """Every case of the H200 sweep (docs/bench/h200-round7-sweep_tc_gemm.log): (tokens, N of the projection) -> the
-    tile that won it. qkv 3072, o_proj 2048, gate_up 16384, down 2048 output features."""
+    """Every case of the H200 sweeps (docs/bench/h200-round7-sweep_tc_gemm.log; Round 10's tiles past 48 KB:
+    h200-round10-sweep-tc-gemm-dynamic.log at 1,024 / 4,096 rows, h200-round10-sweep-tc-gemm-decode-sizes.log at 128
+    / 256): (tokens, N of the projection) -> the tile that won it (at 1,024 rows qkv within 1 %, the 128 x 128
+    x 64 over 2 x 4 warps best for down by 1 %). qkv 3072, o_proj 2048, gate_up 16384, down 2048 output features."""
     from kernels_numba.gemm_tc import LARGE_TILE, SMALL_TILE, tile_for
     winners = {(128, 3072): SMALL_TILE, (128, 2048): SMALL_TILE, (128, 16384): DEFAULT_TILE,
                (1024, 3072): DEFAULT_TILE, (1024, 2048): DEFAULT_TILE, (1024, 16384): LARGE_TILE,
