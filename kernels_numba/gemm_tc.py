@@ -132,33 +132,17 @@ def split_for(m: int, n: int, k: int, tile: TileShape, sm_count: int = H200_SMS)
     return chosen
 
 
-# Block order: which of the output's tile coordinates varies fastest over blockIdx.x. Blocks that run at once (a wave)
-# share the operand indexed by the slow coordinate and together read the whole other operand, once per wave, from L2
-# or from memory past it: so the larger operand should be the one indexed by the fast coordinate. "auto": M-tiles
-# fastest where W (N x K) is larger than x (M x K), i.e. N > M (gate|up at 1,024-4,096 rows: a 64 MB W, past the
-# 50 MB L2, read once instead of once per wave); "n": N-tiles fastest always (Rounds 7-9); "m": M-tiles always.
-RASTER = "auto"
-
-
-def m_tiles_fastest(m: int, n: int) -> bool:
-    """Whether gemm_tc's grid puts an [m, n] output's M-tiles on blockIdx.x (RASTER)."""
-    assert RASTER in ("auto", "n", "m"), f"gemm_tc.RASTER {RASTER!r}: auto, n or m"
-    return RASTER == "m" or (RASTER == "auto" and n > m)
-
-
-def gemm_tc_kernel(tile: TileShape, residual: bool = False, split: bool = False, m_fastest: bool = False):
-    """The kernel of _gemm_tc_kernel, one per (tile, residual, split, m_fastest) however the call spells them
-    (functools.cache keys positional and keyword arguments apart: scripts/check_tc_sass.py reads the launched
-    kernel's SASS)."""
-    return _gemm_tc_kernel(tile, bool(residual), bool(split), bool(m_fastest))
+def gemm_tc_kernel(tile: TileShape, residual: bool = False, split: bool = False):
+    """The kernel of _gemm_tc_kernel, one per (tile, residual, split) however the call spells them (functools.cache
+    keys positional and keyword arguments apart: scripts/check_tc_sass.py reads the launched kernel's SASS)."""
+    return _gemm_tc_kernel(tile, bool(residual), bool(split))
 
 
 @functools.cache
-def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool, m_fastest: bool = False):
+def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
     """The kernel for one tile shape (every size a compile-time constant: fixed shared shapes, unrolled
     fragment and accumulator loops, so fragments and accumulators are registers). `residual`: also
-    residual_out = out + residual_in. `m_fastest`: blockIdx.x walks the M-tiles, blockIdx.y the N-tiles (else the
-    other way round; RASTER). `split`: block z of a grid of gridDim.z splits walks K slices
+    residual_out = out + residual_in. `split`: block z of a grid of gridDim.z splits walks K slices
     [z S / splits, (z + 1) S / splits) of the S = cdiv(K, block_k) and stores its partial sums at rows
     z M .. z M + M - 1 of out, the workspace [splits M, N] (sum_splits_kernel adds them up); without it z is 0 of 1."""
     tile.check()
@@ -217,12 +201,8 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool, m_fastest: boo
         warp = tid // WARP
         warp_row = (warp // warps_n) * warp_m  # this warp's part of the block tile
         warp_col = (warp % warps_n) * warp_n
-        if m_fastest:
-            m0 = cuda.blockIdx.x * bm
-            n0 = cuda.blockIdx.y * bn
-        else:
-            m0 = cuda.blockIdx.y * bm
-            n0 = cuda.blockIdx.x * bn
+        m0 = cuda.blockIdx.y * bm
+        n0 = cuda.blockIdx.x * bn
         for i in range(m_tiles):
             for j in range(n_tiles):
                 for r in range(4):
@@ -364,17 +344,15 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
         f"gemm_tc needs contiguous rows starting 16 bytes apart: x strides {x_bits.strides}, W {w_bits.strides}")
     residual = isinstance(epilogue, ResidualEpilogue)
     out_features = w_bits.shape[0]
-    m_fastest = m_tiles_fastest(num_tokens, out_features)
     grid = (cdiv(out_features, tile.block_n), cdiv(num_tokens, tile.block_m))
-    grid = grid[::-1] if m_fastest else grid
     residual_in = epilogue.residual if residual else result.out
     residual_out = result.residual_out if residual else result.out
     if splits == 1:
-        launch_with_shared(gemm_tc_kernel(tile, residual, False, m_fastest), grid, tile.threads, tile.shared_bytes(),
+        launch_with_shared(gemm_tc_kernel(tile, residual), grid, tile.threads, tile.shared_bytes(),
                            x_bits, w_bits, result.out, residual_in, residual_out)
         return result
     partials = device_empty((splits * num_tokens, out_features), np.float32)
-    launch_with_shared(gemm_tc_kernel(tile, False, True, m_fastest), grid + (splits,), tile.threads, tile.shared_bytes(),
+    launch_with_shared(gemm_tc_kernel(tile, split=True), grid + (splits,), tile.threads, tile.shared_bytes(),
                        x_bits, w_bits, partials, partials, partials)
     blocks, threads = grid_stride_launch(num_tokens * out_features, SUM_THREADS)
     sum_splits_kernel(residual)[blocks, threads, launch_stream()](partials, splits, result.out, residual_in,

@@ -23,8 +23,7 @@ def count(sass: str, opcode: str) -> int:
 def main() -> int:
     from kernels_numba.common import cuda
     from kernels_numba.epilogues import ResidualEpilogue
-    from kernels_numba.gemm_tc import (DEFAULT_TILE, LARGE_TILE, SMALL_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel,
-                                       m_tiles_fastest)
+    from kernels_numba.gemm_tc import DEFAULT_TILE, LARGE_TILE, SMALL_TILE, TileShape, gemm_tc_fused, gemm_tc_kernel
     from sweep_tc_gemm import TILES
     x = cuda.to_device(np.zeros((8, 128), np.uint16))
     w = cuda.to_device(np.zeros((16, 128), np.uint16))
@@ -34,7 +33,7 @@ def main() -> int:
     failures = 0
     for tile, with_residual, splits in cases:
         try:
-            kernel = gemm_tc_kernel(tile, with_residual, splits > 1, m_tiles_fastest(x.shape[0], w.shape[0]))
+            kernel = gemm_tc_kernel(tile, with_residual, splits > 1)
         except AssertionError as e:
             print(f"skip {tile}: {e}")
             continue

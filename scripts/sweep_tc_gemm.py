@@ -66,13 +66,10 @@ def main():
                                                        "128x128x64x2x2x3 (block m, n, k, warps m, n, stages), "
                                                        "comma-separated")
     parser.add_argument("--splits", default="1", help="split-K splits to time each tile at (comma-separated)")
-    parser.add_argument("--raster", default="auto", help="block orders to time each tile in (gemm_tc.RASTER: auto, "
-                                                         "n, m; comma-separated)")
     args = parser.parse_args()
     from kernels_numba.common import cuda
     from kernels_numba.gemm_tc import (DEFAULT_TILE, TileShape, gemm_tc, gemm_tc_kernel, split_for, tile_for,
                                        to_bf16_rows)
-    import kernels_numba.gemm_tc as gemm_tc_module
     from kernels_numba.matmul import gemm_blocked
     from sweep_gemv import time_in_graph
     if args.tiles == "default":
@@ -96,7 +93,6 @@ def main():
         torch_cuda = False
     rng = np.random.default_rng(0)
     split_counts = [int(s) for s in args.splits.split(",")]
-    rasters = args.raster.split(",")
     rows_out, best, scores, plan, best_one_pass = [], {}, {}, {}, {}
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
@@ -121,8 +117,7 @@ def main():
             variants = [(tile, splits) for tile in tiles for splits in split_counts if splits <= -(-k // tile.block_k)]
             if plan[name, m] not in variants:
                 variants.append(plan[name, m])
-            for (tile, splits), raster in ((v, r) for v in variants for r in rasters):
-                gemm_tc_module.RASTER = raster
+            for tile, splits in variants:
                 out.copy_to_device(np.full((m, n), np.nan, np.float32))
                 gemm_tc(x_bits, weights[0], out, tile=tile, splits=splits)
                 ratio = check(out.copy_to_host()[sample_rows], x_bits_host, w_host, sample_rows, sample_cols)
@@ -132,14 +127,13 @@ def main():
                 label = "gemm_tc " + ",".join(str(v) for v in (tile.block_m, tile.block_n, tile.block_k, tile.warps_m,
                                                                  tile.warps_n, tile.stages))
                 label += f" splits {splits}" if len(split_counts) > 1 or splits > 1 else ""
-                label += f" raster {raster}" if len(rasters) > 1 else ""
                 rows_out.append((name, m, label, seconds * 1e6, tflops, ratio))
-                scores.setdefault((tile, splits, raster), []).append(tflops)
+                scores.setdefault((tile, splits), []).append(tflops)
                 if ratio <= 1 and tflops > best.get((name, m), (0, None))[0]:
-                    best[name, m] = (tflops, (tile, splits, raster))
+                    best[name, m] = (tflops, (tile, splits))
                 if ratio <= 1 and splits == 1 and seconds < best_one_pass.get((name, m), math.inf):
                     best_one_pass[name, m] = seconds
-                if (tile, splits) == plan[name, m] and raster == rasters[0]:
+                if (tile, splits) == plan[name, m]:
                     plan[name, m] += (seconds,)
                 print(f"  {label}: {seconds * 1e6:.1f} us, {tflops:.1f} TFLOP/s, err/bound {ratio:.3f}"
                       f"{'' if ratio <= 1 else '  FAIL'}", flush=True)
@@ -166,20 +160,19 @@ def main():
     for r in rows_out:
         print(f"{r[0]} {r[1]} {r[2]} {r[3]:.1f} {r[4]:.1f} {r[5]:.3f}")
     print()
-    for (name, m), (tflops, (tile, splits, raster)) in best.items():
+    for (name, m), (tflops, (tile, splits)) in best.items():
         n, k = SHAPES[name]
         best_us = 2.0 * m * n * k / tflops / 1e6
         plan_tile, plan_splits, plan_seconds = plan[name, m]
-        print(f"best {name} M={m}: {tflops:.1f} TFLOP/s ({best_us:.1f} us) with {tile} splits {splits} raster "
-              f"{raster}; the plan's {plan_tile} splits {plan_splits} raster {rasters[0]}: {plan_seconds * 1e6:.1f} us ({best_us / plan_seconds / 1e6:.0%} of "
+        print(f"best {name} M={m}: {tflops:.1f} TFLOP/s ({best_us:.1f} us) with {tile} splits {splits}; the plan's "
+              f"{plan_tile} splits {plan_splits}: {plan_seconds * 1e6:.1f} us ({best_us / plan_seconds / 1e6:.0%} of "
               f"the best's speed)" + (f"; the best one-pass (splits 1): {best_one_pass[name, m] * 1e6:.1f} us"
                                        if (name, m) in best_one_pass and splits > 1 else ""))
     scores = {key: s for key, s in scores.items() if len(s) == max(len(v) for v in scores.values())}  # every case
     means = {key: math.exp(np.mean(np.log(s))) for key, s in scores.items() if s}
     if means:
         top = max(means, key=means.get)
-        print(f"best geometric mean over all cases: {means[top]:.1f} TFLOP/s with {top[0]} splits {top[1]} "
-              f"raster {top[2]}")
+        print(f"best geometric mean over all cases: {means[top]:.1f} TFLOP/s with {top[0]} splits {top[1]}")
     failed = [r for r in rows_out if not r[5] <= 1 and not math.isnan(r[5])]
     print("correctness: " + ("PASS (every variant within its bound)" if not failed else f"FAIL ({len(failed)} cases)"))
     return 1 if failed else 0

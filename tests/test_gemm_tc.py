@@ -53,28 +53,6 @@ def test_gemm_tc_matches_ref_within_the_bound(rng, m, n, k, tile):
     _assert_within_bound(got.copy_to_host(), x, w_bits)
 
 
-def test_either_block_order_gives_the_same_output(rng, monkeypatch):
-    """M-tiles or N-tiles fastest over blockIdx.x (gemm_tc.RASTER, the grid transposed): every tile written, the
-    same bits either way, plain, with a residual and split over K (3 x 3 tiles of SMALL, partial ones at the edges)."""
-    import kernels_numba.gemm_tc as gemm_tc_module
-    x, w_bits = _inputs(rng, 40, 72, 64)
-    residual = rng.standard_normal((40, 72)).astype(np.float32)
-    results = {}
-    for raster in ("n", "m"):
-        monkeypatch.setattr(gemm_tc_module, "RASTER", raster)
-        plain = gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), poisoned((40, 72), np.float32), tile=SMALL)
-        out, summed = poisoned((40, 72), np.float32), poisoned((40, 72), np.float32)
-        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), ResidualEpilogue(cuda.to_device(residual), summed),
-                      out=out, tile=SMALL, splits=2)
-        results[raster] = [a.copy_to_host() for a in (plain, out, summed)]
-        _assert_within_bound(results[raster][0], x, w_bits)
-        _assert_within_bound(results[raster][1], x, w_bits)
-    for by_n, by_m in zip(results["n"], results["m"]):
-        np.testing.assert_array_equal(by_m, by_n)
-    monkeypatch.setattr(gemm_tc_module, "RASTER", "auto")  # M-tiles fastest where W has more rows than x
-    assert gemm_tc_module.m_tiles_fastest(40, 72) and not gemm_tc_module.m_tiles_fastest(72, 40)
-
-
 def test_gemm_tc_at_the_gpu_tile(rng):
     # The GPU's tile (128 x 128, 4 warps of 64 x 64: 4 x 8 mma tiles a warp) once, with partial tiles.
     x, w_bits = _inputs(rng, 100, 120, 64)
