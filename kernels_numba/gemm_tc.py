@@ -155,6 +155,8 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
     row_chunks = bk // CHUNK
     x_chunks, w_chunks = bm * row_chunks, bn * row_chunks  # 16-byte copies per stage
     x_rounds, w_rounds = cdiv(x_chunks, threads), cdiv(w_chunks, threads)  # per thread
+    assert threads % row_chunks == 0, tile  # so a thread copies the same column of every row it copies
+    rows_per_round = threads // row_chunks
     padded_k = bk + ROW_PAD
     wait_prior = cp_async_wait_group(stages - 2)  # the oldest stage in flight has landed
     # x's stages, then W's, in the one dynamic shared array (launched with tile.shared_bytes()): W starts stages * bm
@@ -164,30 +166,33 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
     assert w_start * 2 % 16 == 0 and (w_start + stages * bn * padded_k) * 2 == tile.shared_bytes(), tile
 
     @jit(device=True)
-    def copy_slice(x_bits, w_bits, x_tile, w_tile, stage, k0, m0, n0, tid, num_tokens, out_features, in_features):
-        """This thread's 16-byte copies of x[m0:m0+bm, k0:k0+bk] and W[n0:n0+bn, k0:k0+bk] into `stage`; zeros
-        past the edges (the clamped source addresses are valid and never read)."""
+    def copy_slice(x_flat, w_flat, x_tile, w_tile, stage, k0, row0, col, x_start, x_rows_left, w_start_row,
+                   w_rows_left, round_stride, in_features):
+        """This thread's 16-byte copies of x[m0:m0+bm, k0:k0+bk] and W[n0:n0+bn, k0:k0+bk] into `stage`: rows
+        row0 + i rows_per_round of the tile, at its column `col`, from the flat operands (x_start, w_start_row:
+        the flat index of the thread's first row, at column 0; round_stride: rows_per_round rows). Zeros past the
+        edges (rows_left: rows of the operand from the thread's first one; K's end), read from index 0 instead.
+        Only the column moves from slice to slice, so the addresses are one add each (not two 64-bit index
+        products: the integer work had outgrown the mmas in the loop)."""
+        k_col = np.uint32(k0 + col)  # 32-bit index arithmetic (numba widens to 64 bits, these casts narrow it
+        k_inside = k_col < in_features  # back): the launcher holds x and W under 2^31 elements
         for i in range(x_rounds):
-            chunk = tid + i * threads
-            if x_rounds * threads > x_chunks and chunk >= x_chunks:  # (compiled out when the copies divide evenly)
+            if x_rounds * threads > x_chunks and row0 + i * rows_per_round >= bm:  # (compiled out when even)
                 continue
-            row = chunk // row_chunks
-            col = (chunk % row_chunks) * CHUNK
-            valid = m0 + row < num_tokens and k0 + col < in_features
-            cp_async_16(x_tile, stage, row, col, x_bits, min(m0 + row, num_tokens - 1),
-                        min(k0 + col, in_features - CHUNK), 16 if valid else 0)
+            valid = k_inside and np.int32(i * rows_per_round) < x_rows_left
+            index = np.uint32(x_start + np.uint32(i * round_stride) + k_col)
+            cp_async_16(x_tile, stage, row0 + i * rows_per_round, col, x_flat, 0, index if valid else np.uint32(0),
+                        16 if valid else 0)
         for i in range(w_rounds):
-            chunk = tid + i * threads
-            if w_rounds * threads > w_chunks and chunk >= w_chunks:
+            if w_rounds * threads > w_chunks and row0 + i * rows_per_round >= bn:
                 continue
-            row = chunk // row_chunks
-            col = (chunk % row_chunks) * CHUNK
-            valid = n0 + row < out_features and k0 + col < in_features
-            cp_async_16(w_tile, stage, row, col, w_bits, min(n0 + row, out_features - 1),
-                        min(k0 + col, in_features - CHUNK), 16 if valid else 0)
+            valid = k_inside and np.int32(i * rows_per_round) < w_rows_left
+            index = np.uint32(w_start_row + np.uint32(i * round_stride) + k_col)
+            cp_async_16(w_tile, stage, row0 + i * rows_per_round, col, w_flat, 0, index if valid else np.uint32(0),
+                        16 if valid else 0)
 
     @jit
-    def kernel(x_bits, w_bits, out, residual_in, residual_out):
+    def kernel(x_bits, w_bits, x_flat, w_flat, out, residual_in, residual_out):
         smem = cuda.shared.array(0, np.uint16, alignment=SHARED_ALIGN)  # dynamic: tile.shared_bytes() at launch
         x_tile = x_view(smem, 0)        # [stages, bm, padded_k]
         w_tile = w_view(smem, w_start)  # [stages, bn, padded_k]
@@ -215,10 +220,15 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
         else:
             k_first = 0
             out_row0 = 0
+        row0 = tid // row_chunks  # the thread's first row of each tile it copies, and its column there
+        col = (tid % row_chunks) * CHUNK
+        x_start, w_start_row = np.uint32((m0 + row0) * in_features), np.uint32((n0 + row0) * in_features)
+        x_rows_left, w_rows_left = np.int32(num_tokens - m0 - row0), np.int32(out_features - n0 - row0)
+        round_stride = np.uint32(rows_per_round * in_features)
         for s in range(stages - 1):  # the pipeline's first slices
             if s < k_slices:
-                copy_slice(x_bits, w_bits, x_tile, w_tile, s, (k_first + s) * bk, m0, n0, tid, num_tokens,
-                           out_features, in_features)
+                copy_slice(x_flat, w_flat, x_tile, w_tile, s, (k_first + s) * bk, row0, col, x_start, x_rows_left,
+                           w_start_row, w_rows_left, round_stride, in_features)
             cp_async_commit()
         # ldmatrix row addresses: A, lanes 0-15 rows 0-15 at k, lanes 16-31 the same rows at k + 8; B, lanes
         # 0-7 / 8-15 features 0-7 at k / k + 8, lanes 16-23 / 24-31 features 8-15 at k / k + 8.
@@ -226,15 +236,20 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
         a_col = 8 * (lane // 16)
         b_row = warp_col + lane % 8 + 8 * (lane // 16)
         b_col = 8 * ((lane // 8) % 2)
+        # Slice kt sits in stage kt % stages; slice kt + stages - 1 is copied into the stage before it. Both kept as
+        # counters (a 64-bit signed modulo each slice cost more integer work than the copies' addresses).
+        stage = 0
+        ahead_stage = stages - 1
+        k_ahead = np.int32((k_first + stages - 1) * bk)
         for kt in range(k_slices):
             wait_prior()
             cuda.syncthreads()  # slice kt is in shared memory for everyone; slice kt - 1's buffer is free
-            ahead = kt + stages - 1
-            if ahead < k_slices:
-                copy_slice(x_bits, w_bits, x_tile, w_tile, ahead % stages, (k_first + ahead) * bk, m0, n0, tid,
-                           num_tokens, out_features, in_features)
+            if kt + stages - 1 < k_slices:
+                copy_slice(x_flat, w_flat, x_tile, w_tile, ahead_stage, k_ahead, row0, col, x_start, x_rows_left,
+                           w_start_row, w_rows_left, round_stride, in_features)
             cp_async_commit()  # (an empty group at the end keeps the wait count uniform)
-            stage = kt % stages
+            k_ahead += bk
+            ahead_stage = stage  # (stage + stages - 1) % stages, next slice
             for ks in range(k_steps):
                 for i in range(m_tiles):
                     a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3] = ldmatrix_x4(
@@ -247,6 +262,7 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
                         acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3] = mma_bf16_m16n8k16(
                             a_frag[i, 0], a_frag[i, 1], a_frag[i, 2], a_frag[i, 3], b_frag[j, 0], b_frag[j, 1],
                             acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3])
+            stage = stage + 1 if stage + 1 < stages else 0
         # Lane 4g + t holds, of each mma tile, out[g][2t..2t+1] (acc 0, 1) and out[g + 8][2t..2t+1] (acc 2, 3).
         g = lane // 4
         t = lane % 4
@@ -317,6 +333,11 @@ def to_bf16_rows(x, out=None):
     return out
 
 
+def _flat(*arrays):
+    """Each C-contiguous device array as one row [1, size] (gemm_tc's copies index it flat)."""
+    return tuple(a.reshape(1, a.size) for a in arrays)
+
+
 def _is_row_aligned(a) -> bool:
     """Rows of 8-bf16 chunks that are 16-byte aligned and contiguous, as cp.async copies them."""
     return a.strides[1] == 2 and a.strides[0] % 16 == 0
@@ -342,6 +363,11 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     x_bits = to_bf16_rows(x) if x.dtype == np.float32 else x
     assert _is_row_aligned(x_bits) and _is_row_aligned(w_bits), (
         f"gemm_tc needs contiguous rows starting 16 bytes apart: x strides {x_bits.strides}, W {w_bits.strides}")
+    assert x_bits.is_c_contiguous() and w_bits.is_c_contiguous(), (
+        f"gemm_tc copies from x and W as flat arrays: they must be C-contiguous (x strides {x_bits.strides}, "
+        f"W {w_bits.strides})")
+    assert x_bits.size < 2**31 and w_bits.size < 2**31, (
+        f"gemm_tc indexes x and W in 32 bits: {x_bits.shape} and {w_bits.shape} have 2^31 elements or more")
     residual = isinstance(epilogue, ResidualEpilogue)
     out_features = w_bits.shape[0]
     grid = (cdiv(out_features, tile.block_n), cdiv(num_tokens, tile.block_m))
@@ -349,11 +375,11 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     residual_out = result.residual_out if residual else result.out
     if splits == 1:
         launch_with_shared(gemm_tc_kernel(tile, residual), grid, tile.threads, tile.shared_bytes(),
-                           x_bits, w_bits, result.out, residual_in, residual_out)
+                           x_bits, w_bits, *_flat(x_bits, w_bits), result.out, residual_in, residual_out)
         return result
     partials = device_empty((splits * num_tokens, out_features), np.float32)
     launch_with_shared(gemm_tc_kernel(tile, split=True), grid + (splits,), tile.threads, tile.shared_bytes(),
-                       x_bits, w_bits, partials, partials, partials)
+                       x_bits, w_bits, *_flat(x_bits, w_bits), partials, partials, partials)
     blocks, threads = grid_stride_launch(num_tokens * out_features, SUM_THREADS)
     sum_splits_kernel(residual)[blocks, threads, launch_stream()](partials, splits, result.out, residual_in,
                                                                   residual_out)

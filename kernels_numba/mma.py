@@ -80,6 +80,22 @@ if not SIMULATOR:
         array_struct = context.make_array(array_type)(context, builder, value=array)
         return cgutils.get_item_pointer(context, builder, array_type, array_struct, intp_indices, wraparound=False)
 
+    def _shared_address(context, builder, array_type, array, index_types, indices):
+        """The 32-bit shared-window address of array[indices] (a shared array): the array's base cast to the shared
+        window once (an address-space cast the compiler sees through and shares between calls, not a cvta inside
+        each asm) plus the byte offset, truncated to 32 bits, so the compiler does the index arithmetic in 32-bit
+        integers and folds constant offsets into the instruction's immediate."""
+        array_struct = context.make_array(array_type)(context, builder, value=array)
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        data = array_struct.data
+        base = builder.ptrtoint(builder.addrspacecast(data, ir.PointerType(data.type.pointee, 3)), i32)
+        strides = cgutils.unpack_tuple(builder, array_struct.strides, array_type.ndim)
+        offset = ir.Constant(i64, 0)
+        for value, typ, stride in zip(indices, index_types, strides):
+            index = context.cast(builder, value, typ, types.intp)
+            offset = builder.add(offset, builder.mul(index, stride))
+        return builder.add(base, builder.trunc(offset, i32))
+
     def _check_array(name, array, ndim, bitwidth=16):
         if not isinstance(array, types.Array) or array.ndim != ndim or array.dtype.bitwidth != bitwidth:
             raise TypeError(f"{name} wants a {ndim}-D array of {bitwidth}-bit elements, got {array}")
@@ -107,13 +123,12 @@ if not SIMULATOR:
         sig = types.UniTuple(types.uint32, 4)(smem, s, r, c)
 
         def codegen(context, builder, signature, args):
-            pointer = _element_pointer(context, builder, signature.args[0], args[0], signature.args[1:], args[1:])
+            address = _shared_address(context, builder, signature.args[0], args[0], signature.args[1:], args[1:])
             i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [pointer.type])
-            asm = ir.InlineAsm(fnty, "{ .reg .u64 sa; .reg .u32 sa32; cvta.to.shared.u64 sa, $4; cvt.u32.u64 sa32, sa; "
-                                     "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [sa32]; }",
-                               "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-            result = builder.call(asm, [pointer])
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+            asm = ir.InlineAsm(fnty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];",
+                               "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+            result = builder.call(asm, [address])
             return context.make_tuple(builder, signature.return_type,
                                       [builder.extract_value(result, k) for k in range(4)])
 
@@ -148,13 +163,12 @@ if not SIMULATOR:
         sig = types.void(smem, s, r, c, gmem, gr, gc, src_bytes)
 
         def codegen(context, builder, signature, args):
-            shared = _element_pointer(context, builder, signature.args[0], args[0], signature.args[1:4], args[1:4])
+            shared = _shared_address(context, builder, signature.args[0], args[0], signature.args[1:4], args[1:4])
             source = _element_pointer(context, builder, signature.args[4], args[4], signature.args[5:7], args[5:7])
             size = context.cast(builder, args[7], signature.args[7], types.uint32)
             fnty = ir.FunctionType(ir.VoidType(), [shared.type, source.type, ir.IntType(32)])
-            asm = ir.InlineAsm(fnty, "{ .reg .u64 sa; .reg .u32 sa32; cvta.to.shared.u64 sa, $0; cvt.u32.u64 sa32, sa; "
-                                     "cp.async.cg.shared.global [sa32], [$1], 16, $2; }",
-                               "l,l,r,~{memory}", side_effect=True)
+            asm = ir.InlineAsm(fnty, "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                               side_effect=True)
             builder.call(asm, [shared, source, size])
             return context.get_dummy_value()
 
