@@ -35,7 +35,8 @@ in its way:
 
 Costs per 32-key chunk and lane (bf16 pool, head_dim 64, group 4): 16 + 16 global uint64 loads, 16 shared uint64
 stores, 3 warp barriers (decode_gqa: 4 block barriers per 16 keys); shared reads: the K row (16 words), q (64
-float4 broadcasts), scores and weights (48 float4 broadcasts); 512 FMAs.
+float4 broadcasts), scores and weights (48 float4 broadcasts); 512 FMAs. ptxas (sm_90, compiled without a GPU):
+128 registers, no spills, 30.9 KB of shared memory a block of 4 warps (decode_gqa: 68 registers, 10 KB).
 """
 import functools
 import math
@@ -52,8 +53,8 @@ from .paged_kv import _ix, _check_pool, _check_queries, _output
 WARPS = 2 if SIMULATOR else 4
 LANES = 32           # threads per warp (cuda.warpsize, in the simulator too)
 CHUNK_KEYS = LANES   # one key per lane when scoring
-# ptxas caps (sm_90, bf16 pool, head_dim 64, group 4): the compiler takes 130 registers a thread, 3 blocks of 4 warps
-# per SM; 128 (4 blocks) costs a 4-byte spill. 0: the compiler's choice. scripts/time_decode_warps.py --max-registers.
+# A register cap per thread (0: the compiler's choice; sm_90, bf16 pool, head_dim 64, group 4: 128 registers, 4
+# blocks of 4 warps per SM; a cap of 96 spills ~300 bytes). scripts/time_decode_warps.py --max-registers tries some.
 MAX_REGISTERS = 0
 # A bf16 pool's elements per load: 4 (uint64 words: a 64-dim row of one KV head is 16 words, two rows per warp
 # load instruction, 256 contiguous bytes); halved until it divides head_dim.
@@ -185,9 +186,10 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
             # 3. the chunk's max per head raises the running max; this lane's key's weights
             for g in range(group):
                 chunk_max[g] = scores[warp, 0, g]
-            for j in range(1, CHUNK_KEYS):
-                for g in range(group):
-                    chunk_max[g] = max(chunk_max[g], scores[warp, _ix(j), g])
+            for j0 in range(0, CHUNK_KEYS, 4):  # (unrolled by 4: one float4 read per key where group is 4)
+                for j in range(j0, j0 + 4):
+                    for g in range(group):
+                        chunk_max[g] = max(chunk_max[g], scores[warp, _ix(j), g])
             for g in range(group):
                 new_max = max(running_max[g], chunk_max[g])
                 base = new_max if new_max != -math.inf else np.float32(0.0)  # no key yet: every weight is 0
