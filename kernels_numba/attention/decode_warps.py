@@ -47,9 +47,10 @@ from ..common import SIMULATOR, SHARED_ALIGN, STATIC_SHARED_LIMIT, cuda, jit, cd
 from .decode_gqa import _BF16_WORDS, _load_rows, _unpack_bf16, _unpack_element
 from .paged_kv import _ix, _check_pool, _check_queries, _output
 
-# Warps per block. Each keeps ~(16 + 16) uint64 loads in flight (bf16, head_dim 64); 4 warps: 128 threads, as
-# decode_gqa. Not measured yet: scripts/time_decode_warps.py --warps 2,4,8 times the choice on a GPU. The
-# simulator: 2 warps (64 Python threads a block), so a 65-key context already runs warps over uneven rounds.
+# Warps per block. Each keeps up to 16 + 16 uint64 loads a lane in flight (bf16, head_dim 64); 4 warps: 128 threads,
+# as decode_gqa (8 would need 61 KB of shared memory at group 4). Not measured yet: scripts/time_decode_warps.py
+# --warps 2,4 times the choice on a GPU. The simulator: 2 warps (64 Python threads a block), so a 65-key context
+# already runs its warps over uneven rounds.
 WARPS = 2 if SIMULATOR else 4
 LANES = 32           # threads per warp (cuda.warpsize, in the simulator too)
 CHUNK_KEYS = LANES   # one key per lane when scoring
