@@ -201,6 +201,23 @@ def _host_namespace(module_globals: dict) -> dict:
     return _HOST_NAMESPACES[key]
 
 
+if SIMULATOR:
+    @cuda.jit(device=True)  # the simulator's own device function (not this module's jit): it may call cuda.*
+    def warp_barrier():
+        cuda.syncthreads()
+else:
+    @jit(device=True)
+    def warp_barrier():
+        cuda.syncwarp()
+warp_barrier.__doc__ = """Every lane of the calling warp waits here, and sees the others' shared-memory writes made before it.
+
+On the GPU `cuda.syncwarp()` (bar.warp.sync, full mask: all 32 lanes must call it). The simulator has no
+syncwarp, so there it is `cuda.syncthreads()`, which waits for the whole block: the same guarantee and more,
+PROVIDED every thread of the block calls warp_barrier the same number of times (a kernel whose warps loop a
+warp-dependent number of times would hang in the simulator). Kernels that use it keep their loop counts
+uniform across the block."""
+
+
 # In the simulator a thread costs ~0.3 ms to start and a loop iteration ~2 us, and nothing runs in
 # parallel: grid-stride kernels get a small grid there (2 blocks x 4 threads, so block and grid
 # striding are still exercised) and one thread per item on the GPU.
