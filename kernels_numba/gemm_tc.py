@@ -87,23 +87,29 @@ class TileShape:
 
 
 # Chosen by scripts/sweep_tc_gemm.py on the H200 (docs/bench/h200-round7-sweep_tc_gemm.log, Llama-3.2-1B's four
-# projections at 128, 1024 and 4096 tokens; docs/bench/h200-round10-sweep-tc-gemm-dynamic.log, tiles past 48 KB of
-# shared memory at 1024 and 4096). `tile_for` picks per GEMM. Round 10's winners in their own regimes: 64 x 128 with
-# block_k 64 (81 KB) at 1,024 rows (o_proj 51.3 -> 45.2 us, down 184.7 -> 159.7, qkv 72.9 either way); 128 x 128
-# over 4 stages (80 KB) where 128 x 128 fills the GPU twice (gate_up 1,024 rows 338 -> 292 us, 4,096 1,307 -> 1,143).
+# projections at 128, 1024 and 4096 tokens; Round 10, tiles past 48 KB of dynamic shared memory:
+# h200-round10-sweep-tc-gemm-dynamic.log, and after the main loop's integer work was cut (registers 252 -> 218 at
+# 128 x 128 x 32, and 128 x 128 x 64 no longer spilling) h200-round10-sweep-tc-gemm-loop.log at 128-4,096 rows).
+# `tile_for` picks per GEMM. 128 x 128 x 64 over 3 stages (108 KB) won every case where its blocks come near one
+# wave (>= 128 blocks: gate|up from 128 rows, every projection from 1,024; qkv at 1,024 within 2 %), e.g. 4,096 rows
+# qkv 167.8 us (307 TFLOP/s), gate|up 897.7 (306), down 396.7 (346); 64 x 128 x 64 (81 KB) the best below that
+# where it has the blocks (qkv at 256 rows, 96 blocks: 24.2 us against 64 x 64's 30.8).
 DEFAULT_TILE = TileShape(64, 128, 64, 2, 2, 3)
-LARGE_TILE = TileShape(128, 128, 32, 2, 2, 4)   # best where its blocks fill the GPU twice over (4096 tokens)
+LARGE_TILE = TileShape(128, 128, 64, 2, 2, 3)   # best where its blocks come near one wave (LARGE_MIN_WAVE)
 SMALL_TILE = TileShape(64, 64, 32, 2, 2, 4)     # best where even DEFAULT_TILE's blocks do not fill it once (128)
 H200_SMS = 132
 
 
+LARGE_MIN_WAVE = 0.9  # LARGE_TILE from this fraction of a wave of blocks: 128 blocks won (gate|up at 128 rows), 48 lost
+
+
 def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> TileShape:
-    """The largest tile that still keeps every SM busy: the sweep's winner in each of its 12 cases (a 128 x 128
-    tile at 192 blocks lost to 64 x 128 at 384; 64 x 128 at 48 blocks lost to 64 x 64 at 96) and at decode's 256
-    rows (docs/bench/h200-round8-sweep-tc-gemm-decode.log: gate|up, 128 x 128 at 256 blocks 92 us, 64 x 128 121)."""
+    """The largest tile that still keeps the SMs busy: the sweeps' winner (or within 2 % of it) in each of their
+    16 cases at 128-4,096 rows (Round 10: 128 x 128 x 64 from 128 blocks; 64 x 128 at 48 blocks lost to 64 x 64 at
+    96, Round 7)."""
     def blocks(tile: TileShape) -> int:
         return cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
-    if 10 * blocks(LARGE_TILE) >= 19 * sm_count:  # 1.9 waves: 256 blocks won, 192 lost
+    if blocks(LARGE_TILE) >= LARGE_MIN_WAVE * sm_count:
         return LARGE_TILE
     if blocks(DEFAULT_TILE) >= sm_count:
         return DEFAULT_TILE
@@ -120,6 +126,8 @@ def split_for(m: int, n: int, k: int, tile: TileShape, sm_count: int = H200_SMS)
     per SM while each split keeps MIN_SPLIT_SLICES slices of block_k (else the most that do). Decode batches of the
     1B model's o_proj and down_proj (32 or 128 blocks of 64 x 64, each walking 64 or 256 slices) split; GEMMs whose
     blocks fill the GPU already (prefill) stay at 1."""
+    if tile == LARGE_TILE:
+        return 1  # tile_for picks it only where its blocks come near a wave; the sweep timed it in one pass
     blocks = cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
     k_slices = cdiv(k, tile.block_k)
     chosen = 1

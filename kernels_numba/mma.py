@@ -140,13 +140,12 @@ if not SIMULATOR:
         sig = types.UniTuple(types.uint32, 4)(smem, s, r, c)
 
         def codegen(context, builder, signature, args):
-            pointer = _element_pointer(context, builder, signature.args[0], args[0], signature.args[1:], args[1:])
+            address = _shared_address(context, builder, signature.args[0], args[0], signature.args[1:], args[1:])
             i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [pointer.type])
-            asm = ir.InlineAsm(fnty, "{ .reg .u64 sa; .reg .u32 sa32; cvta.to.shared.u64 sa, $4; cvt.u32.u64 sa32, sa; "
-                                     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [sa32]; }",
-                               "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-            result = builder.call(asm, [pointer])
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+            asm = ir.InlineAsm(fnty, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [$4];",
+                               "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+            result = builder.call(asm, [address])
             return context.make_tuple(builder, signature.return_type,
                                       [builder.extract_value(result, k) for k in range(4)])
 

@@ -268,10 +268,11 @@ def test_tile_for_picks_the_sweeps_winners():
     / 256): (tokens, N of the projection) -> the tile that won it (at 1,024 rows qkv within 1 %, the 128 x 128
     x 64 over 2 x 4 warps best for down by 1 %). qkv 3072, o_proj 2048, gate_up 16384, down 2048 output features."""
     from kernels_numba.gemm_tc import LARGE_TILE, SMALL_TILE, tile_for
-    winners = {(128, 3072): SMALL_TILE, (128, 2048): SMALL_TILE, (128, 16384): DEFAULT_TILE,
-               (1024, 3072): DEFAULT_TILE, (1024, 2048): DEFAULT_TILE, (1024, 16384): LARGE_TILE,
+    winners = {(128, 3072): SMALL_TILE, (128, 2048): SMALL_TILE, (128, 16384): LARGE_TILE,
+               (256, 3072): SMALL_TILE, (256, 2048): SMALL_TILE, (256, 16384): LARGE_TILE,
+               (1024, 3072): LARGE_TILE, (1024, 2048): LARGE_TILE, (1024, 16384): LARGE_TILE,
                (4096, 3072): LARGE_TILE, (4096, 2048): LARGE_TILE, (4096, 16384): LARGE_TILE,
-               (256, 16384): LARGE_TILE}  # the last from docs/bench/h200-round8-sweep-tc-gemm-decode.log
+               (512, 3072): DEFAULT_TILE}  # LARGE's 96 blocks are under LARGE_MIN_WAVE, DEFAULT's 192 a wave
     for (m, n), tile in winners.items():
         assert tile_for(m, n) == tile, (m, n)
     for tile in (DEFAULT_TILE, LARGE_TILE, SMALL_TILE):
@@ -395,6 +396,8 @@ def test_split_for_splits_decode_batches_and_never_prefill():
         for n, k in MODEL_SHAPES:
             assert split_for(m, n, k, tile_for(m, n)) == 1, (m, n, k)
     assert split_for(64, 2048, 8192, SMALL_TILE, sm_count=16) == 1
+    from kernels_numba.gemm_tc import LARGE_TILE
+    assert split_for(128, 16384, 2048, LARGE_TILE) == 1  # 128 blocks, under a wave: LARGE_TILE stays one pass
 
 
 def test_the_fast_plan_splits_decode_batches_on_a_gpu(monkeypatch):

@@ -33,7 +33,8 @@ from kernels_numba.common import SIMULATOR, begin_layer, cuda
 from kernels_numba.embedding import embedding, take_rows
 from kernels_numba.epilogues import RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue
 from kernels_numba.matmul import gemv_fused, linear_kernel_name
-from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa, paged_attention_flash_decode,
+from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, DECODE_WARPS_MIN_BLOCKS, paged_attention_decode_gqa,
+                                     paged_attention_decode_warps, paged_attention_flash_decode,
                                      paged_attention_per_query, paged_attention_prefill_gqa)
 from kernels_numba.rmsnorm import add_rmsnorm, rmsnorm
 from kernels_numba.rope import rope_qkv
@@ -378,7 +379,9 @@ class ModelRunner:
         GPU, decode-only steps get a block per (query, KV head) pair that serves the group's query heads from
         one shared copy of each K/V chunk; the smallest ones (under DECODE_GQA_MIN_BLOCKS pairs: batches up
         to 7 on Llama-3.2-1B) also a block per key partition (flash_decode), merged by the pair's last block
-        to finish, so that a batch-1 step keeps more than 8 blocks busy. Steps with prefill chunks use the kernel
+        to finish, so that a batch-1 step keeps more than 8 blocks busy; the largest ones (from DECODE_WARPS_MIN_BLOCKS
+        pairs: batch 64) run decode_warps, whose warps each keep their own softmax over their own keys (no block-wide
+        barrier per chunk: twice decode_gqa's speed on the H200). Steps with prefill chunks use the kernel
         where a block owns a query tile for all query heads of one KV head and walks key tiles through
         shared memory; its query tiles are built once for all layers (DeviceBatch.prefill_tiles). The fast
         plan runs such steps on tensor cores (prefill_tc), in the simulator too.
@@ -393,7 +396,12 @@ class ModelRunner:
             def per_query(q, k_pool, v_pool):
                 return paged_attention_per_query(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
             return per_query, "attention.per_query.paged_attention_per_query"
-        if batch.decode_only and query_seq.shape[0] * self.config.num_key_value_heads >= DECODE_GQA_MIN_BLOCKS:
+        pairs = query_seq.shape[0] * self.config.num_key_value_heads
+        if batch.decode_only and pairs >= DECODE_WARPS_MIN_BLOCKS:
+            def decode_warps(q, k_pool, v_pool):
+                return paged_attention_decode_warps(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
+            return decode_warps, "attention.decode_warps.paged_attention_decode_warps"
+        if batch.decode_only and pairs >= DECODE_GQA_MIN_BLOCKS:
             def decode_gqa(q, k_pool, v_pool):
                 return paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, positions, scale)
             return decode_gqa, "attention.decode_gqa.paged_attention_decode_gqa"

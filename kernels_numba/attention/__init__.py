@@ -11,9 +11,9 @@ Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`; t
 | paged_kv      | write_kv_paged, paged_attention_ref        | the pool layout and the numpy twin of every paged launcher |
 | per_query     | paged_attention_per_query (+ _decode)      | every step in the simulator (a thread per query, head) |
 | split_keys    | paged_attention_split_keys                 | nowhere now (flash_decode replaced it); sweeps      |
-| decode_gqa    | paged_attention_decode_gqa                 | GPU decode steps from DECODE_GQA_MIN_BLOCKS (query, KV head) pairs |
+| decode_gqa    | paged_attention_decode_gqa                 | GPU decode steps from DECODE_GQA_MIN_BLOCKS (query, KV head) pairs to decode_warps' |
 | decode_gqa    | paged_attention_flash_decode               | GPU decode steps below that (batch 1 to 7 on Llama-3.2-1B) |
-| decode_warps  | paged_attention_decode_warps               | nowhere yet: decode_gqa's contract, each warp its own online softmax over 32-key chunks (scripts/time_decode_warps.py) |
+| decode_warps  | paged_attention_decode_warps               | GPU decode steps from DECODE_WARPS_MIN_BLOCKS (query, KV head) pairs (batch 64 on Llama-3.2-1B): each warp its own online softmax over 32-key chunks |
 | prefill       | paged_attention_prefill, build_prefill_tiles | nowhere: the readable tiled prefill; its query tiles serve prefill_gqa |
 |               | prefill_tiles_host, max_prefill_tiles      | the tiles padded to a fixed count with empty ones (prefill CUDA graphs) |
 | prefill_gqa   | paged_attention_prefill_gqa                | GPU steps with prefill chunks (FlashAttention-2 on CUDA cores) |
@@ -39,7 +39,7 @@ from .paged_kv import write_kv_paged, write_kv_paged_ref, paged_attention_ref
 from .per_query import paged_attention_per_query, paged_attention_decode, paged_attention_decode_ref
 from .split_keys import paged_attention_split_keys, split_partitions, combine_partitions_kernel
 from .decode_gqa import DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa, paged_attention_flash_decode
-from .decode_warps import paged_attention_decode_warps
+from .decode_warps import DECODE_WARPS_MIN_BLOCKS, paged_attention_decode_warps
 from .prefill import (QTILE, PrefillTiles, build_prefill_tiles, max_prefill_tiles, paged_attention_prefill,
                       prefill_tiles_host)
 from .prefill_gqa import (GQA_SHARED_BYTES, build_prefill_gqa_tiles, gqa_shape, paged_attention_prefill_gqa)

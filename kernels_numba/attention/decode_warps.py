@@ -1,4 +1,4 @@
-"""Paged decode attention with warps that never wait for each other: a candidate for large GPU decode batches.
+"""Paged decode attention with warps that never wait for each other: the GPU's decode kernel for large batches.
 
     out[t, h] = sum_j exp(s_j - M) V[j] / sum_j exp(s_j - M),  s_j = scale * q[t, h] . K[j],  j = 0..query_pos[t]
 
@@ -48,10 +48,16 @@ from .decode_gqa import _BF16_WORDS, _load_rows, _unpack_bf16, _unpack_element
 from .paged_kv import _ix, _check_pool, _check_queries, _output
 
 # Warps per block. Each keeps up to 16 + 16 uint64 loads a lane in flight (bf16, head_dim 64); 4 warps: 128 threads,
-# as decode_gqa (8 would need 61 KB of shared memory at group 4). Not measured yet: scripts/time_decode_warps.py
-# --warps 2,4 times the choice on a GPU. The simulator: 2 warps (64 Python threads a block), so a 65-key context
+# as decode_gqa (8 would need 61 KB of shared memory at group 4). On the H200
+# (docs/bench/h200-round10-time-decode-warps.log, bf16 pool, graph-timed) 4 warps against decode_gqa: batch 64 x
+# 1,024 keys 59.2 vs 127.7 us (2,268 vs 1,051 GB/s), 256 x 512 112.5 vs 217.5, 256 x 1,024 214.0 vs 428.4 (2,509
+# GB/s); 2 warps the same at batch 256, 70.5 us at 64. The simulator: 2 warps (64 Python threads a block), so a 65-key context
 # already runs its warps over uneven rounds.
 WARPS = 2 if SIMULATOR else 4
+# The runner's switch from decode_gqa to this kernel: from 512 (query, KV head) pairs, a decode batch of 64 on
+# Llama-3.2-1B, the smallest batch timed (above); decode_gqa keeps batches 8-63 (its 64-key chunks while the grid is
+# small) until a sweep there says otherwise.
+DECODE_WARPS_MIN_BLOCKS = 512
 LANES = 32           # threads per warp (cuda.warpsize, in the simulator too)
 CHUNK_KEYS = LANES   # one key per lane when scoring
 # A register cap per thread (0: the compiler's choice; sm_90, bf16 pool, head_dim 64, group 4: 128 registers, 4
