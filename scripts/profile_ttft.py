@@ -3,7 +3,8 @@
     python scripts/profile_ttft.py [--model-dir /tmp/llama-1b-random] [--tokens 1024,4096] [--repeats 5]
 
 The engine is configured as `tinyvllm bench` configures it (256 sequences, prefix caching on, the KV pool sized
-from free memory, max model len 4,097, the fast precision on a GPU) and captures its CUDA graphs first. For each
+from free memory, max model len 4,097, the fast precision on a GPU); one request of each length first captures that
+length's prefill CUDA graph and compiles its kernels (the bench captures every graph up front instead). For each
 prompt length: the median TTFT of `repeats` one-token requests of fresh random tokens (the engine's own metrics,
 arrival to first token, as the bench reports it), and the same request's phases timed from outside: add_request,
 then each engine.step() until the token is out. Then one request of the first length under cProfile: the functions
@@ -58,7 +59,6 @@ def main() -> int:
                                                               model.config.max_position_embeddings),
                           precision=resolve_precision("auto", model.weights.embed_tokens.dtype))
     engine = LLMEngine(model, config, log=print)
-    engine.capture_graphs(print)
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, seed=0)
     lengths = [int(t) for t in args.tokens.split(",")]
