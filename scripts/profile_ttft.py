@@ -2,7 +2,7 @@
 
     python scripts/profile_ttft.py [--model-dir /tmp/llama-1b-random] [--tokens 1024,4096] [--repeats 5]
 
-The engine is configured as `tinyvllm bench` configures it (256 sequences, prefix caching on, the KV pool sized
+The engine is configured as `tinyvllm bench` configures it (256 sequences, 8,192 tokens a step, prefix caching on, the KV pool sized
 from free memory, max model len 4,097, the fast precision on a GPU); one request of each length first captures that
 length's prefill CUDA graph and compiles its kernels (the bench captures every graph up front instead). For each
 prompt length: the median TTFT of `repeats` one-token requests of fresh random tokens (the engine's own metrics,
@@ -55,8 +55,8 @@ def main() -> int:
     from tinyvllm.model import load_model
     from tinyvllm.sampling_params import SamplingParams
     model = load_model(Path(args.model_dir), log=print)
-    config = EngineConfig(max_num_seqs=256, max_model_len=min(args.max_model_len,
-                                                              model.config.max_position_embeddings),
+    config = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192,  # the bench's defaults: one prefill step
+                          max_model_len=min(args.max_model_len, model.config.max_position_embeddings),
                           precision=resolve_precision("auto", model.weights.embed_tokens.dtype))
     engine = LLMEngine(model, config, log=print)
     rng = np.random.default_rng(0)
