@@ -18,7 +18,8 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 | silu(gate) * up, then down_proj              | silu_mul_gate_up, linear         | silu_mul_gate_up (bf16), gemm_tc |
 | RMSNorms, residual adds, RoPE + K/V write    | rmsnorm, add_rmsnorm, rope_qkv   | the same kernels               |
 | attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
-| attention, decode-only steps                 | decode_gqa, flash_decode (simulator: per_query): both precisions  |
+| attention, decode-only steps                 | decode_warps (batch >= 64), decode_gqa, flash_decode (simulator: |
+|                                              | per_query): both precisions                                      |
 
 At decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not fill the SMs (tc_splits:
 o_proj and down_proj of the 1B model at 64-256 rows); prefill GEMMs run in one pass.
