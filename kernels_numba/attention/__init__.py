@@ -24,7 +24,8 @@ KV pool dtype (tinyvllm.kv_pool.KVPool, --kv-cache-dtype): float32 (the referenc
 write_kv_paged, rope.rope_qkv with the pools (prefill steps, and every step in the simulator) and the fused GEMV's
 RopeKVEpilogue (GPU decode steps). Every paged launcher above reads either pool (kv_to_f32 on each element, float32
 math after it; numba compiles one kernel per pool dtype); decode_gqa and flash_decode load a bf16 pool
-KV_BF16_PER_LOAD elements at a time (uint32 words by default) and unpack them into their float32 tiles; prefill_tc
+KV_BF16_PER_LOAD elements at a time (uint64 words by default) and unpack them into their float32 tiles;
+decode_warps loads uint64 words too and keeps K packed in shared memory (each lane unpacks its own key's row); prefill_tc
 copies a bf16 pool's rows into its bf16 tiles by 16-byte cp.async (the next key tile's while it computes on
 this one) instead of rounding float32 ones. The contiguous cache stays float32.
 
