@@ -5,7 +5,8 @@ prologue and one epilogue:
 
     RMSNormPrologue(weight, eps)   x -> rmsnorm(x) = g * x * rsqrt(mean(x^2) + eps) in front (and writes
                                    normed = rmsnorm(x), the stage output)
-    SwiGLUEpilogue()               W = [Wg; Wu] stacked: out [T, I] = silu(x Wg) * (x Wu)
+    SwiGLUEpilogue(bf16=False)     W = [Wg; Wu] stacked: out [T, I] = silu(x Wg) * (x Wu), float32 (the GEMV's),
+                                   or with bf16 rounded to bf16 bits (uint16: the tensor-core GEMM's, for down_proj)
     ResidualEpilogue(residual)     behind: residual_out = out + residual
     RopeKVEpilogue(positions, inv_freq, n_heads, n_kv_heads, head_dim, kv_pools, slot_mapping)
                                    W = [Wq; Wk; Wv]: RoPE on q and k, then q, k, v stored and k, v written at each
@@ -32,7 +33,9 @@ class RMSNormPrologue:
 
 @dataclass
 class SwiGLUEpilogue:
-    """W is [Wg; Wu] ([2 I, K]); out [T, I] = silu(x Wg) * (x Wu)."""
+    """W is [Wg; Wu] ([2 I, K]); out [T, I] = silu(x Wg) * (x Wu): float32, or (bf16) rounded to bf16 bits, uint16,
+    as activation.silu_mul_gate_up(bf16=True) writes it. gemv_fused writes float32, gemm_tc bf16."""
+    bf16: bool = False
 
 
 @dataclass
@@ -68,7 +71,8 @@ EPILOGUES = (SwiGLUEpilogue, ResidualEpilogue, RopeKVEpilogue)
 
 @dataclass
 class FusedOutputs:
-    """What a fused launch wrote. out: [T, N] (SwiGLU: [T, N / 2]; None with RoPE, which stores q, k, v)."""
+    """What a fused launch wrote. out: [T, N] (SwiGLU: [T, N / 2], uint16 bf16 bits with its bf16; None with RoPE,
+    which stores q, k, v)."""
     out: object = None
     normed: object = None        # with RMSNormPrologue
     residual_out: object = None  # with ResidualEpilogue
@@ -122,8 +126,9 @@ def fused_outputs(x, w_bits, prologue: RMSNormPrologue | None, epilogue, out=Non
     if isinstance(epilogue, SwiGLUEpilogue):
         assert weight_rows % 2 == 0, f"SwiGLU needs [Wg; Wu] stacked, got {weight_rows} rows"
     out_shape = (num_tokens, weight_rows // 2 if isinstance(epilogue, SwiGLUEpilogue) else weight_rows)
-    result.out = device_empty(out_shape, np.float32) if out is None else out
-    assert result.out.shape == out_shape and result.out.dtype == np.float32, (result.out.shape, result.out.dtype)
+    out_dtype = np.uint16 if isinstance(epilogue, SwiGLUEpilogue) and epilogue.bf16 else np.float32
+    result.out = device_empty(out_shape, out_dtype) if out is None else out
+    assert result.out.shape == out_shape and result.out.dtype == out_dtype, (result.out.shape, result.out.dtype)
     if isinstance(epilogue, ResidualEpilogue):
         e = epilogue
         result.residual_out = device_empty(out_shape, np.float32) if e.residual_out is None else e.residual_out

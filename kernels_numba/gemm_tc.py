@@ -43,10 +43,11 @@ import functools
 
 import numpy as np
 
+from .activation import silu
 from .bf16 import f32_to_bf16
 from .common import (SHARED_ALIGN, cuda, jit, cdiv, grid_stride_launch, launch_stream, launch_with_shared,
                      device_empty)
-from .epilogues import FusedOutputs, ResidualEpilogue, fused_outputs
+from .epilogues import FusedOutputs, ResidualEpilogue, SwiGLUEpilogue, fused_outputs
 from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, ldmatrix_x4, mma_bf16_m16n8k16, shared_view
 
 WARP = 32
@@ -140,21 +141,25 @@ def split_for(m: int, n: int, k: int, tile: TileShape, sm_count: int = H200_SMS)
     return chosen
 
 
-def gemm_tc_kernel(tile: TileShape, residual: bool = False, split: bool = False):
-    """The kernel of _gemm_tc_kernel, one per (tile, residual, split) however the call spells them (functools.cache
-    keys positional and keyword arguments apart: scripts/check_tc_sass.py reads the launched kernel's SASS)."""
-    return _gemm_tc_kernel(tile, bool(residual), bool(split))
+def gemm_tc_kernel(tile: TileShape, residual: bool = False, split: bool = False, swiglu: bool = False):
+    """The kernel of _gemm_tc_kernel, one per (tile, residual, split, swiglu) however the call spells them
+    (functools.cache keys positional and keyword arguments apart: scripts/check_tc_sass.py reads the launched
+    kernel's SASS)."""
+    return _gemm_tc_kernel(tile, bool(residual), bool(split), bool(swiglu))
 
 
 @functools.cache
-def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
+def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool, swiglu: bool = False):
     """The kernel for one tile shape (every size a compile-time constant: fixed shared shapes, unrolled
     fragment and accumulator loops, so fragments and accumulators are registers). `residual`: also
     residual_out = out + residual_in. `split`: block z of a grid of gridDim.z splits walks K slices
     [z S / splits, (z + 1) S / splits) of the S = cdiv(K, block_k) and stores its partial sums at rows
-    z M .. z M + M - 1 of out, the workspace [splits M, N] (sum_splits_kernel adds them up); without it z is 0 of 1."""
+    z M .. z M + M - 1 of out, the workspace [splits M, N] (sum_splits_kernel adds them up); without it z is 0 of 1.
+    `swiglu`: W is [Wg; Wu] (2 I rows) walked in the interleaved column order (the module's docstring), and out is
+    uint16 [M, I] = bf16(silu(gate) * up)."""
     tile.check()
     assert not (residual and split), "split-K applies the residual in sum_splits"
+    assert not (swiglu and (residual or split)), "the SwiGLU epilogue needs the whole sum, and has no residual"
     bm, bn, bk, stages = tile.block_m, tile.block_n, tile.block_k, tile.stages
     warps_n, threads = tile.warps_n, tile.threads
     warp_m, warp_n = bm // tile.warps_m, bn // tile.warps_n
@@ -165,6 +170,10 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
     x_rounds, w_rounds = cdiv(x_chunks, threads), cdiv(w_chunks, threads)  # per thread
     assert threads % row_chunks == 0, tile  # so a thread copies the same column of every row it copies
     rows_per_round = threads // row_chunks
+    # SwiGLU: a thread's W rows alternate gate / up by the parity of its tile row, the same in every round (rows_per_round
+    # is even), so each round steps half as many rows of its half of W
+    assert not swiglu or rows_per_round % 2 == 0, tile
+    w_rows_per_round = rows_per_round // 2 if swiglu else rows_per_round
     padded_k = bk + ROW_PAD
     wait_prior = cp_async_wait_group(stages - 2)  # the oldest stage in flight has landed
     # x's stages, then W's, in the one dynamic shared array (launched with tile.shared_bytes()): W starts stages * bm
@@ -175,11 +184,12 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
 
     @jit(device=True)
     def copy_slice(x_flat, w_flat, x_tile, w_tile, stage, k0, row0, col, x_start, x_rows_left, w_start_row,
-                   w_rows_left, round_stride, in_features):
+                   w_rows_left, round_stride, w_round_stride, in_features):
         """This thread's 16-byte copies of x[m0:m0+bm, k0:k0+bk] and W[n0:n0+bn, k0:k0+bk] into `stage`: rows
         row0 + i rows_per_round of the tile, at its column `col`, from the flat operands (x_start, w_start_row:
-        the flat index of the thread's first row, at column 0; round_stride: rows_per_round rows). Zeros past the
-        edges (rows_left: rows of the operand from the thread's first one; K's end), read from index 0 instead.
+        the flat index of the thread's first row, at column 0; round_stride: rows_per_round rows of x,
+        w_round_stride: w_rows_per_round rows of W). Zeros past the edges (rows_left: rows of the operand, or of
+        its half of W, from the thread's first one; K's end), read from index 0 instead.
         Only the column moves from slice to slice, so the addresses are one add each (not two 64-bit index
         products: the integer work had outgrown the mmas in the loop)."""
         k_col = np.uint32(k0 + col)  # 32-bit index arithmetic (numba widens to 64 bits, these casts narrow it
@@ -194,8 +204,8 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
         for i in range(w_rounds):
             if w_rounds * threads > w_chunks and row0 + i * rows_per_round >= bn:
                 continue
-            valid = k_inside and np.int32(i * rows_per_round) < w_rows_left
-            index = np.uint32(w_start_row + np.uint32(i * round_stride) + k_col)
+            valid = k_inside and np.int32(i * w_rows_per_round) < w_rows_left
+            index = np.uint32(w_start_row + np.uint32(i * w_round_stride) + k_col)
             cp_async_16(w_tile, stage, row0 + i * rows_per_round, col, w_flat, 0, index if valid else np.uint32(0),
                         16 if valid else 0)
 
@@ -230,13 +240,23 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
             out_row0 = 0
         row0 = tid // row_chunks  # the thread's first row of each tile it copies, and its column there
         col = (tid % row_chunks) * CHUNK
-        x_start, w_start_row = np.uint32((m0 + row0) * in_features), np.uint32((n0 + row0) * in_features)
-        x_rows_left, w_rows_left = np.int32(num_tokens - m0 - row0), np.int32(out_features - n0 - row0)
+        x_start = np.uint32((m0 + row0) * in_features)
+        x_rows_left = np.int32(num_tokens - m0 - row0)
         round_stride = np.uint32(rows_per_round * in_features)
+        if swiglu:  # tile row r: W row (r & 1) I + (n0 + r) // 2 (n0 is even)
+            half = out_features // 2
+            w_feature = (n0 + row0) // 2
+            w_start_row = np.uint32(((row0 & 1) * half + w_feature) * in_features)
+            w_rows_left = np.int32(half - w_feature)
+            w_round_stride = np.uint32(w_rows_per_round * in_features)
+        else:
+            w_start_row = np.uint32((n0 + row0) * in_features)
+            w_rows_left = np.int32(out_features - n0 - row0)
+            w_round_stride = round_stride
         for s in range(stages - 1):  # the pipeline's first slices
             if s < k_slices:
                 copy_slice(x_flat, w_flat, x_tile, w_tile, s, (k_first + s) * bk, row0, col, x_start, x_rows_left,
-                           w_start_row, w_rows_left, round_stride, in_features)
+                           w_start_row, w_rows_left, round_stride, w_round_stride, in_features)
             cp_async_commit()
         # ldmatrix row addresses: A, lanes 0-15 rows 0-15 at k, lanes 16-31 the same rows at k + 8; B, lanes
         # 0-7 / 8-15 features 0-7 at k / k + 8, lanes 16-23 / 24-31 features 8-15 at k / k + 8.
@@ -254,7 +274,7 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
             cuda.syncthreads()  # slice kt is in shared memory for everyone; slice kt - 1's buffer is free
             if kt + stages - 1 < k_slices:
                 copy_slice(x_flat, w_flat, x_tile, w_tile, ahead_stage, k_ahead, row0, col, x_start, x_rows_left,
-                           w_start_row, w_rows_left, round_stride, in_features)
+                           w_start_row, w_rows_left, round_stride, w_round_stride, in_features)
             cp_async_commit()  # (an empty group at the end keeps the wait count uniform)
             k_ahead += bk
             ahead_stage = stage  # (stage + stages - 1) % stages, next slice
@@ -279,10 +299,14 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
             for j in range(n_tiles):
                 row = out_row0 + m0 + warp_row + 16 * i + g
                 col = n0 + warp_col + 8 * j + 2 * t
-                store_pair(out, residual_in, residual_out, row, col, acc[i, j, 0], acc[i, j, 1], row_end,
-                           out_features)
-                store_pair(out, residual_in, residual_out, row + 8, col, acc[i, j, 2], acc[i, j, 3], row_end,
-                           out_features)
+                if swiglu:  # the pair is (gate, up) of feature col / 2
+                    store_gated(out, row, col, acc[i, j, 0], acc[i, j, 1], row_end, out_features)
+                    store_gated(out, row + 8, col, acc[i, j, 2], acc[i, j, 3], row_end, out_features)
+                else:
+                    store_pair(out, residual_in, residual_out, row, col, acc[i, j, 0], acc[i, j, 1], row_end,
+                               out_features)
+                    store_pair(out, residual_in, residual_out, row + 8, col, acc[i, j, 2], acc[i, j, 3], row_end,
+                               out_features)
 
     @jit(device=True)
     def store_pair(out, residual_in, residual_out, row, col, v0, v1, row_end, out_features):
@@ -300,6 +324,13 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool):
                 out[r, c] = v1
                 if residual:
                     residual_out[r, c] = v1 + residual_in[r, c]
+
+    @jit(device=True)
+    def store_gated(out, row, col, gate, up, row_end, out_features):
+        """out[row, col / 2] = bf16(silu(gate) * up), activation.silu_mul_bf16_kernel's arithmetic on the same float32
+        gate and up, if row is before row_end and col inside the interleaved 2 I columns (col is even, 2 I too)."""
+        if row < row_end and col < out_features:
+            out[np.uint64(row), np.uint64(col >> 1)] = f32_to_bf16(silu(gate) * up)
 
     return kernel
 
@@ -354,8 +385,9 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     Returns the FusedOutputs written."""
     assert x.ndim == 2 and x.dtype in (np.float32, np.uint16), (x.shape, x.dtype)
     assert w_bits.dtype == np.uint16, f"W is {w_bits.dtype}: gemm_tc reads bf16 weights (uint16 bits)"
-    assert epilogue is None or isinstance(epilogue, ResidualEpilogue), (
-        f"gemm_tc has no {type(epilogue).__name__} yet: None or ResidualEpilogue")
+    assert epilogue is None or isinstance(epilogue, ResidualEpilogue) or (
+        isinstance(epilogue, SwiGLUEpilogue) and epilogue.bf16), (
+        f"gemm_tc takes None, ResidualEpilogue or SwiGLUEpilogue(bf16=True), not {epilogue!r}")
     num_tokens, in_features = x.shape
     assert in_features % CHUNK == 0, f"gemm_tc copies 8 bf16 at a time: in_features {in_features} is not a multiple"
     assert isinstance(splits, int) and 1 <= splits <= max(1, cdiv(in_features, tile.block_k)), (
@@ -371,12 +403,14 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     assert x_bits.size < 2**31 and w_bits.size < 2**31, (
         f"gemm_tc indexes x and W in 32 bits: {x_bits.shape} and {w_bits.shape} have 2^31 elements or more")
     residual = isinstance(epilogue, ResidualEpilogue)
-    out_features = w_bits.shape[0]
+    swiglu = isinstance(epilogue, SwiGLUEpilogue)
+    assert not swiglu or splits == 1, f"gemm_tc's SwiGLU epilogue needs the whole sum: splits {splits}, not 1"
+    out_features = w_bits.shape[0]  # (SwiGLU: the 2 I interleaved columns)
     grid = (cdiv(out_features, tile.block_n), cdiv(num_tokens, tile.block_m))
     residual_in = epilogue.residual if residual else result.out
     residual_out = result.residual_out if residual else result.out
     if splits == 1:
-        launch_with_shared(gemm_tc_kernel(tile, residual), grid, tile.threads, tile.shared_bytes(),
+        launch_with_shared(gemm_tc_kernel(tile, residual, swiglu=swiglu), grid, tile.threads, tile.shared_bytes(),
                            x_bits, w_bits, *_flat(x_bits, w_bits), result.out, residual_in, residual_out)
         return result
     partials = device_empty((splits * num_tokens, out_features), np.float32)

@@ -47,7 +47,7 @@ from .common import (cuda, jit, cdiv, grid_stride_launch, SIMULATOR, SIMULATOR_G
                      launch_stream, device_empty)
 from .epilogues import (FusedOutputs, RMSNormPrologue, ResidualEpilogue, RopeKVEpilogue, SwiGLUEpilogue, fused_outputs,
                         pairs_rows)
-from .weight_dtype import WEIGHT_DTYPES, f32_from_bits, weight_bits, weight_to_f32, weights_ref
+from .weight_dtype import f32_from_bits, weight_bits, weight_to_f32, weights_ref
 
 # gemv keeps T x GEMV_ROWS accumulators per thread: registers on a GPU, so a small compile-time constant;
 # the simulator has no registers to spare, and every extra pass over W re-decodes each weight in Python.
@@ -504,6 +504,7 @@ def gemv_fused(x, w_bits, prologue: RMSNormPrologue | None = None, epilogue=None
     With RopeKVEpilogue the dot products and rotations are rope.rope_qkv's: in the simulator every bit the
     same as the plain launch then rope_qkv."""
     assert x.dtype == np.float32, f"x is {x.dtype}: gemv_fused reads float32 activations"
+    assert not (isinstance(epilogue, SwiGLUEpilogue) and epilogue.bf16), "gemv_fused writes SwiGLU's out as float32"
     result = fused_outputs(x, w_bits, prologue, epilogue, out)
     _launch_gemv_coalesced(x, w_bits, result, threads, rows, unroll, word_elements, prologue, epilogue, warp_reduce)
     return result

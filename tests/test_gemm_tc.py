@@ -12,7 +12,8 @@ from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.epilogues import ResidualEpilogue, SwiGLUEpilogue
 from kernels_numba.gemm_tc import (DEFAULT_TILE, TileShape, gemm_tc, gemm_tc_fused, gemm_tc_ref, to_bf16_rows,
                                    gemm_tc_kernel)
-from tests.helpers import poisoned
+from kernels_numba.activation import silu_mul_gate_up
+from tests.helpers import POISON_U16, poisoned
 
 SMALL = TileShape(32, 32, 32, 1, 2)  # 2 warps of 32 x 16: the simulator's tile
 
@@ -73,6 +74,93 @@ def test_gemm_tc_takes_bf16_bits_and_a_residual(rng):
     np.testing.assert_array_equal(summed.copy_to_host(), got + residual)  # one float32 add
 
 
+# ---- gate|up with the SwiGLU gate behind (SwiGLUEpilogue(bf16=True)) ----
+SILU_SLOPE = 1.0999  # max |silu'(g)| (at g ~ 2.4): how far an error in the gate moves silu(gate)
+
+
+def _swiglu_inputs(rng, m, intermediate, k):
+    """x [m, k] and the stacked [Wg; Wu] ([2 I, k] bf16 bits): gate rows first, then up."""
+    return _inputs(rng, m, 2 * intermediate, k)
+
+
+def _swiglu_fused(x, w_bits, tile):
+    out = poisoned((x.shape[0], w_bits.shape[0] // 2), np.uint16)
+    result = gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), SwiGLUEpilogue(bf16=True), tile=tile, out=out)
+    assert result.out is out
+    return out.copy_to_host()
+
+
+def _swiglu_unfused(x, w_bits, tile):
+    """What the fast plan ran before: gemm_tc's float32 gate|up, then silu_mul_gate_up(bf16=True)."""
+    gate_up = gemm_tc(cuda.to_device(x), cuda.to_device(w_bits), tile=tile)
+    return silu_mul_gate_up(gate_up, bf16=True).copy_to_host()
+
+
+def _assert_swiglu_within_bound(got_bits, x, w_bits, columns=None):
+    """bf16(silu(gate) * up) against the float64 reference on the bf16-rounded inputs, |got - want| <= 2^-8 |want|
+    (bf16's rounding: <= 2^-9 of the value, doubled for float32's exp, divide and multiply before it, ~2^-22)
+    + SILU_SLOPE e_g |up| + |silu(gate)| e_u + e_g e_u, with e_g, e_u gemm_tc's bound on gate and up
+    (K 2^-23 sum_k |x_k w_k|) that their float32 sums may be off by."""
+    assert (got_bits != POISON_U16).all(), "some outputs were never written"
+    intermediate = w_bits.shape[0] // 2
+    columns = np.arange(intermediate) if columns is None else columns
+    gate_w, up_w = w_bits[columns], w_bits[intermediate + columns]
+    x64 = x.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+    def dot_and_bound(w):
+        w64 = w.view(ml_dtypes.bfloat16).astype(np.float64)
+        return x64 @ w64.T, x.shape[1] * 2.0**-23 * (np.abs(x64) @ np.abs(w64.T))
+    gate, gate_err = dot_and_bound(gate_w)
+    up, up_err = dot_and_bound(up_w)
+    silu = gate / (1.0 + np.exp(-gate))
+    want = silu * up
+    bound = 2.0**-8 * np.abs(want) + SILU_SLOPE * gate_err * np.abs(up) + np.abs(silu) * up_err + gate_err * up_err
+    got = got_bits[:, columns].view(ml_dtypes.bfloat16).astype(np.float64)
+    err = np.abs(got - want)
+    assert (err <= bound + 1e-30).all(), f"max err {err.max()}, worst err / bound {(err / (bound + 1e-30)).max()}"
+
+
+# M and 2 I ending in partial tiles (I 45: the up half starts at an odd row of W), K in a partial slice, 3 stages;
+# SIMULATOR_TILE (one warp of 16 x 32: the fast plan's tile in the simulator) and the GPU's LARGE_TILE (4 warps).
+@pytest.mark.parametrize("m, intermediate, k, tile", [
+    (37, 44, 80, SMALL),
+    (21, 45, 64, TileShape(32, 32, 32, 1, 2, stages=3)),
+    (19, 40, 96, TileShape(16, 32, 32, 1, 1)),
+])
+def test_gemm_tc_swiglu_matches_ref_and_the_unfused_pair(rng, m, intermediate, k, tile):
+    """Within the bound of the float64 reference, and bit for bit gemm_tc then silu_mul_gate_up(bf16=True): the
+    same float32 gate and up (each output's products summed in the same mma order) through the same gate arithmetic."""
+    x, w_bits = _swiglu_inputs(rng, m, intermediate, k)
+    got = _swiglu_fused(x, w_bits, tile)
+    _assert_swiglu_within_bound(got, x, w_bits)
+    np.testing.assert_array_equal(got, _swiglu_unfused(x, w_bits, tile))
+
+
+def test_gemm_tc_swiglu_at_the_gpu_tile(rng):
+    # LARGE_TILE (128 x 128 x 64, 4 warps, 16 W rows a copy round) once in the simulator, partial in M and 2 I.
+    from kernels_numba.gemm_tc import LARGE_TILE
+    x, w_bits = _swiglu_inputs(rng, 20, 72, 64)
+    got = _swiglu_fused(x, w_bits, LARGE_TILE)
+    _assert_swiglu_within_bound(got, x, w_bits)
+    np.testing.assert_array_equal(got, _swiglu_unfused(x, w_bits, LARGE_TILE))
+
+
+@pytest.mark.skipif(SIMULATOR, reason="GPU only (TINYVLLM_TEST_GPU=1): full-size shapes")
+@pytest.mark.parametrize("intermediate, k", [(8192, 2048), (1536, 576), (128, 64)])
+@pytest.mark.parametrize("m", [3, 77, 300, 1024])
+def test_gemm_tc_swiglu_model_shapes_on_the_gpu(rng, m, intermediate, k):
+    """Llama-3.2-1B's, SmolLM2-135M's and the demo model's gate|up at the plan's tile: bit for bit the unfused pair,
+    and within the bound on a random subset of features."""
+    from kernels_numba.gemm_tc import tile_for
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w_bits = _model_weight(2 * intermediate, k)
+    tile = tile_for(m, 2 * intermediate)
+    got = _swiglu_fused(x, w_bits, tile)
+    np.testing.assert_array_equal(got, _swiglu_unfused(x, w_bits, tile))
+    columns = np.sort(rng.choice(intermediate, size=min(intermediate, 512), replace=False))
+    _assert_swiglu_within_bound(got, x, w_bits, columns)
+
+
 def test_gemm_tc_with_block_k_64_and_three_stages(rng):
     """block_k 64 (4 k steps a slice) over a 3-stage ring that wraps (K 200: 3 whole slices and 8 of a fourth),
     M and N ending in partial tiles: the x and W regions carved from the one dynamic shared array."""
@@ -111,7 +199,9 @@ def test_gemm_tc_rejects_what_it_cannot_run(rng):
         gemm_tc(cuda.to_device(x), cuda.to_device(w_bits))  # K = 60: not whole 16-byte copies
     x, w_bits = _inputs(rng, 4, 16, 64)
     with pytest.raises(AssertionError, match="SwiGLUEpilogue"):
-        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), SwiGLUEpilogue())
+        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), SwiGLUEpilogue())  # float32 out: the GEMV's
+    with pytest.raises(AssertionError, match="needs the whole sum"):
+        gemm_tc_fused(cuda.to_device(x), cuda.to_device(w_bits), SwiGLUEpilogue(bf16=True), tile=SMALL, splits=2)
     with pytest.raises(AssertionError, match="294912 B of shared memory a block, over the 232448 B"):
         gemm_tc_kernel(TileShape(256, 256, 64, 4, 4, 4))  # 4 stages of 512 rows of 72 bf16: past 227 KB
     with pytest.raises(AssertionError, match="multiple of 16"):
@@ -364,6 +454,10 @@ def test_gemm_tc_kernel_is_one_kernel_per_variant_however_asked():
     assert gemm_tc_kernel(SMALL) is gemm_tc_kernel(SMALL, False, False) is gemm_tc_kernel(SMALL, residual=False)
     assert gemm_tc_kernel(SMALL, split=True) is gemm_tc_kernel(SMALL, False, True)
     assert gemm_tc_kernel(SMALL, split=True) is not gemm_tc_kernel(SMALL)
+    assert gemm_tc_kernel(SMALL, swiglu=True) is gemm_tc_kernel(SMALL, False, False, True)
+    assert gemm_tc_kernel(SMALL, swiglu=True) is not gemm_tc_kernel(SMALL)
+    with pytest.raises(AssertionError, match="needs the whole sum"):
+        gemm_tc_kernel(SMALL, split=True, swiglu=True)
 
 
 def test_gemm_tc_rejects_splits_it_cannot_run(rng):
