@@ -3,7 +3,8 @@
     out[m, n] = sum_k bf16(x[m, k]) * bf16(w[n, k])        x [M, K], w_bits u16 [N, K], out f32 [M, N]
 
 Activations enter as a bf16 buffer (uint16 [M, K]): the mma takes bf16 (the fast precision,
-tinyvllm/kernel_plan.py, feeds it the SwiGLU gate's output as bf16 directly: activation.silu_mul_bf16).
+tinyvllm/kernel_plan.py, feeds down_proj the SwiGLU gate's output as bf16 directly: this GEMM's SwiGLU epilogue
+below, or activation.silu_mul_gate_up(bf16=True)).
 `gemm_tc` also takes float32 x and rounds it to bf16 (nearest even) in one launch first (`to_bf16_rows`, 6 bytes
 a value of extra traffic: ~1 % of a prefill-size GEMM's time); weights are read as stored.
 
@@ -17,6 +18,16 @@ ldmatrix.x4 per 16 rows) and B fragments (one ldmatrix.x4 per 16 features: W [n]
 "col" layout as stored) and issues one mma per 16 x 8 tile. Shared rows are padded by 8 bf16 (16 bytes):
 ldmatrix's 8 row addresses then fall in distinct banks. Epilogue: each lane stores its accumulators (two
 consecutive features of two tokens per mma tile), with `ResidualEpilogue` also out + residual.
+
+`SwiGLUEpilogue(bf16=True)`: W is gate|up stacked, [Wg; Wu] ([2 I, K]), and the GEMM writes the gate's output
+instead of gate|up: out [M, I] = bf16(silu(x Wg) * (x Wu)), uint16 bits, never the float32 [M, 2 I] (at 4,096 tokens
+and I 8,192 that round trip was ~470 MB a layer). The block walks 2 I columns interleaved, column c the gate of
+feature c / 2 when c is even and its up when odd, so the two adjacent columns (2t, 2t + 1) a lane holds of each mma
+tile are one feature's gate and up, in float32, summed as the plain GEMM sums them. Only the W copies change: tile
+row r (n0 even) comes from W row (r & 1) I + (n0 + r) / 2, and as a thread's rows step by an even rows_per_round, its
+parity, so its half of W, stays fixed while its W row steps by rows_per_round / 2. The epilogue's arithmetic is
+activation.silu_mul_gate_up(bf16=True)'s on the same float32 gate and up: bit for bit the unfused pair. One pass only
+(the gate needs the whole sum, not split-K's partials).
 
 The stage buffers are carved out of one dynamic shared array, x's stages then W's (mma.shared_view), its size
 (TileShape.shared_bytes()) given at launch: a tile may take up to the 227 KB a block may opt in to on an H100/H200
@@ -380,8 +391,9 @@ def _flat(*arrays):
 def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_TILE, splits: int = 1
                   ) -> FusedOutputs:
     """out = bf16(x) @ W.T on tensor cores (x float32 [M, K], rounded to bf16 first, or uint16 bf16 bits);
-    any M and N, K a multiple of 8 (16-byte copies). `epilogue`: None or epilogues.ResidualEpilogue
-    (residual_out = out + residual). `splits` > 1: split-K (split_for), at most one split per K slice.
+    any M and N, K a multiple of 8 (16-byte copies). `epilogue`: None, epilogues.ResidualEpilogue
+    (residual_out = out + residual) or SwiGLUEpilogue(bf16=True) (W = [Wg; Wu]: out uint16 [M, N / 2] =
+    bf16(silu(gate) * up), splits 1). `splits` > 1: split-K (split_for), at most one split per K slice.
     Returns the FusedOutputs written."""
     assert x.ndim == 2 and x.dtype in (np.float32, np.uint16), (x.shape, x.dtype)
     assert w_bits.dtype == np.uint16, f"W is {w_bits.dtype}: gemm_tc reads bf16 weights (uint16 bits)"
