@@ -77,7 +77,7 @@ def test_fast_path_matches_fp32_per_stage_within_bf16_rounding_and_greedy_where_
     assert list(fp32) == list(fast), "the two precisions must yield the same stages in the same order"
     for name in ("layers.0.q", "layers.1.o_proj", "layers.1.mlp", "logits"):
         assert "gemm_tc" in fast[name][0] and "gemm_tc" not in fp32[name][0], (name, fast[name][0], fp32[name][0])
-    assert "silu_mul_gate_up (bf16)" in fast["layers.0.mlp"][0]
+    assert "SwiGLUEpilogue" in fast["layers.0.mlp"][0] and "silu_mul" not in fast["layers.0.mlp"][0]  # gate fused
     assert "prefill_tc" in fast["layers.1.attn"][0] and "prefill_tc" not in fp32["layers.1.attn"][0]
     report = []
     for name, (_, want) in fp32.items():

@@ -15,7 +15,10 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 |                                              |                                  | gemm_tc past it                |
 | q|k|v, o_proj, gate|up, the LM head's rows   | linear: gemm_blocked             | gemm_tc (x rounded to bf16 by  |
 | (projections of >= tc_min_rows() rows)       | (simulator: gemv)                | gemm_tc's to_bf16_rows)        |
-| silu(gate) * up, then down_proj              | silu_mul_gate_up, linear         | silu_mul_gate_up (bf16), gemm_tc |
+| silu(gate) * up, then down_proj              | silu_mul_gate_up, linear         | in gate|up's gemm_tc (Swi-     |
+|                                              |                                  | GLUEpilogue, bf16 out: fuses_  |
+|                                              |                                  | swiglu; else silu_mul_gate_up  |
+|                                              |                                  | (bf16)), then gemm_tc          |
 | RMSNorms, residual adds, RoPE + K/V write    | rmsnorm, add_rmsnorm, rope_qkv   | the same kernels               |
 | attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
 | attention, decode-only steps                 | decode_warps (batch >= 64), decode_gqa, flash_decode (simulator: |
@@ -36,7 +39,11 @@ the debugger and the golden check read in float32, so a float32 copy exists anyw
 value and a launch: at K 2048, 12 kB a token (3 ns at 4.3 TB/s) against 8-13 MFLOP (28-42 ns at ~300 TFLOP/s), 7-10 %
 of a projection (an estimate, not measured). Next step if it shows in a profile: rmsnorm / add_rmsnorm writing the
 bf16 copy beside the float32 one (2 bytes a value, no launch). The widest input, the gate's output (T x I), is written
-as bf16 directly (silu_mul_gate_up(bf16=True)): it is no stage output.
+as bf16 directly: it is no stage output. Where gate|up runs on gemm_tc in one pass (fuses_swiglu: every prefill, and
+decode batches whose gate|up tile takes no split-K) the gate|up GEMM computes it in its epilogue (gemm_tc's
+SwiGLUEpilogue(bf16=True), bit for bit the pair below), so the float32 gate|up [T, 2 I] is never written nor read
+back (at 4,096 tokens of Llama-3.2-1B ~470 MB a layer); else gemm_tc writes gate|up and silu_mul_gate_up(bf16=True)
+reads it. The fused-GEMV decode layer keeps its own float32 gate (gemv_fused's SwiGLUEpilogue).
 """
 from __future__ import annotations
 
@@ -52,7 +59,8 @@ from kernels_numba.attention import build_prefill_tiles, gqa_shape
 from kernels_numba.attention import prefill_tc as _prefill_tc
 from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, tc_queries_per_tile
 from kernels_numba.common import SIMULATOR
-from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc
+from kernels_numba.epilogues import SwiGLUEpilogue
+from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc, gemm_tc_fused
 
 from .config import PRECISIONS
 from .errors import TinyVLLMError
@@ -140,6 +148,30 @@ class KernelPlan:
             tile = tc_tile(x.shape[0], w.shape[0])
             return gemm_tc(x, w, tile=tile, splits=tc_splits(x.shape[0], w.shape[0], x.shape[1], tile))
         return _matmul.linear(x, w)
+
+    def fuses_swiglu(self, rows: int, hidden: int, intermediate: int) -> bool:
+        """Whether the gate runs inside the gate|up GEMM (gemm_tc with SwiGLUEpilogue(bf16=True), no float32 gate|up):
+        when gate|up goes to gemm_tc in one pass (the gate needs whole sums, not split-K's partials) and down_proj
+        reads bf16 on tensor cores."""
+        if not (self.uses_tensor_cores(rows, hidden) and self.uses_tensor_cores(rows, intermediate)):
+            return False
+        width = 2 * intermediate
+        return tc_splits(rows, width, hidden, tc_tile(rows, width)) == 1
+
+    def gate_name(self, rows: int, hidden: int, intermediate: int) -> str:
+        """The kernels `gate` runs, for the record."""
+        if self.fuses_swiglu(rows, hidden, intermediate):
+            return "gemm_tc.gemm_tc (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)"
+        return f"{self.projection_name(rows, hidden)} (gate|up in one) + {self.swiglu_name(rows, intermediate)}"
+
+    def gate(self, x, w_gate_up):
+        """silu(x Wg) * (x Wu) for down_proj, W = [Wg; Wu]: one gemm_tc launch writing bf16 where fuses_swiglu, else
+        the gate|up projection then swiglu."""
+        rows, hidden, intermediate = x.shape[0], x.shape[1], w_gate_up.shape[0] // 2
+        if self.fuses_swiglu(rows, hidden, intermediate):
+            tile = tc_tile(rows, w_gate_up.shape[0])
+            return gemm_tc_fused(x, w_gate_up, SwiGLUEpilogue(bf16=True), tile=tile).out
+        return self.swiglu(self.project(x, w_gate_up))
 
     def swiglu_name(self, rows: int, intermediate: int) -> str:
         return ("activation.silu_mul_gate_up (bf16)" if self.uses_tensor_cores(rows, intermediate)

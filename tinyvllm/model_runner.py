@@ -10,7 +10,8 @@ Per layer (HF LlamaDecoderLayer):
 
 Launched as 9 kernels per layer (prefill, and everything in the simulator): q|k|v as one projection then
 one rope kernel that splits it and writes K/V into the paged pool, attention, o_proj, a residual add fused
-with the next RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm). Steps whose
+with the next RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm); 8 where the fast
+plan computes silu_mul inside gate|up's tensor-core GEMM (KernelPlan.gate). Steps whose
 projections gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 5
 kernels, gemv_fused with kernels_numba/epilogues.py's objects): each RMSNorm inside the GEMV that reads it,
 RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, each residual add inside the GEMV that
@@ -310,11 +311,8 @@ class ModelRunner:
                 o, h, w.post_norm, eps), i, show=0)
             x = yield from _stage(name("post_norm"), f"({FUSED} {name('attn_residual')})", lambda: x, i)
 
-            def mlp():
-                gate_up = linear(x, w.gate_up_proj)
-                return linear(plan.swiglu(gate_up), w.down_proj)
-            m = yield from _stage(name("mlp"), f"{matmul(H)} (gate|up in one) + {plan.swiglu_name(T, I)} + "
-                                  f"{matmul(I)}", mlp, i)
+            m = yield from _stage(name("mlp"), f"{plan.gate_name(T, H, I)} + {matmul(I)}",
+                                  lambda: linear(plan.gate(x, w.gate_up_proj), w.down_proj), i)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else w_all.norm
             h, x = yield from _stage(name("output"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
                 m, h, next_norm, eps), i, show=0)
