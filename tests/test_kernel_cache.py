@@ -112,8 +112,9 @@ def factory(tile, offset):
 
 tiles = [TileShape(64, 128, 32, 2, 2, 3), TileShape(64, 64, 32, 2, 2, 4)]
 digests = [closure_digest(factory(t, 0)) for t in tiles] + [closure_digest(factory(tiles[0], 1))]
-kernel = _gemm_tc_kernel(tiles[0], False, False)
-digests.append(closure_digest(getattr(kernel, "py_func", None) or kernel.fn))
+for swiglu in (False, True):  # the SwiGLU epilogue's variant: a key of its own
+    kernel = _gemm_tc_kernel(tiles[0], False, False, swiglu)
+    digests.append(closure_digest(getattr(kernel, "py_func", None) or kernel.fn))
 print(json.dumps(digests))
 """
 
