@@ -45,8 +45,10 @@ def activation_bytes_per_token(config: ModelConfig) -> int:
     """GPU memory of the prefill graphs' activations, per token of the largest bucket: two layers' outputs
     (LayerArena's sets), each float32 x (hidden 7, q 3, kv 4, intermediate 2 per token: x, q|k|v, q, k, v, the
     attention, o_proj, h and x twice, gate|up, down_proj) plus the fast precision's bf16 copies (hidden 2, q 1,
-    intermediate 1). An upper bound for either precision (fp32 has no bf16 copies); the small buckets' split-K
-    partials (gemm_blocked) are per step, not per token, and fit in what the largest bucket leaves."""
+    intermediate 1). An upper bound for either precision (fp32 has no bf16 copies; where the fast plan computes the
+    gate inside gate|up's GEMM, KernelPlan.fuses_swiglu, it writes no float32 gate|up: 16 I bytes a token less); the
+    small buckets' split-K partials (gemm_blocked) are per step, not per token, and fit in what the largest bucket
+    leaves."""
     c = config
     H, Q, KV, I = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
         c.intermediate_size
