@@ -1,6 +1,6 @@
 """gemm_tc compiled for the H200 (sm_90) on a machine without a GPU: registers, spills and the main loop's instructions.
 
-    python scripts/offline_sass.py [--tiles 128x128x64x2x2x3,64x128x64x2x2x3] [--residual] [--split]
+    python scripts/offline_sass.py [--tiles 128x128x64x2x2x3,64x128x64x2x2x3] [--residual] [--split] [--swiglu]
 
 What a kernel costs per K slice is in its SASS: Round 10 found gemm_tc's main loop issuing 373 instructions for its
 64 HMMA (64-bit index arithmetic around every cp.async and ldmatrix) this way, and cut it to 208, before any GPU
@@ -56,6 +56,7 @@ def main() -> int:
                         help="block m x n x k x warps m x warps n x stages, comma-separated")
     parser.add_argument("--residual", action="store_true", help="the residual epilogue's kernel")
     parser.add_argument("--split", action="store_true", help="the split-K kernel")
+    parser.add_argument("--swiglu", action="store_true", help="the SwiGLU epilogue's kernel (bf16 out)")
     args = parser.parse_args()
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         sys.exit("offline_sass: unset NUMBA_ENABLE_CUDASIM (it compiles for the GPU, not the simulator)")
@@ -70,10 +71,11 @@ def main() -> int:
     dispatcher.get_current_device = lambda: Hopper()  # device functions ask the current device for its capability
     from kernels_numba.gemm_tc import TileShape, gemm_tc_kernel
     bits, floats = types.Array(types.uint16, 2, "C"), types.Array(types.float32, 2, "C")
-    signature = (bits, bits, bits, bits, floats, floats, floats)  # x, W, their flat views, out, residual in / out
+    outs = bits if args.swiglu else floats  # (the SwiGLU launch passes its bf16 out as all three)
+    signature = (bits, bits, bits, bits, outs, outs, outs)  # x, W, their flat views, out, residual in / out
     for spec in args.tiles.split(","):
         tile = TileShape(*(int(v) for v in spec.split("x")))
-        kernel = gemm_tc_kernel(tile, args.residual, args.split)
+        kernel = gemm_tc_kernel(tile, args.residual, args.split, args.swiglu)
         ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "k.ptx").write_text(ptx)
