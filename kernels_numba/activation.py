@@ -4,7 +4,9 @@
 
 `silu_mul_bf16` is silu_mul with its output rounded to bf16 (uint16 bits, nearest even): the fast path's
 down_proj reads bf16 on tensor cores, and writing bf16 here saves gemm_tc a conversion launch and 6 bytes a
-value (the gate's output is the widest activation of a layer, T x intermediate).
+value (the gate's output is the widest activation of a layer, T x intermediate). Where the fast plan runs gate|up
+on tensor cores in one pass, gemm_tc's SwiGLU epilogue computes the same bits with this module's `silu` instead
+(kernel_plan.KernelPlan.gate), and silu_mul_gate_up(bf16=True) is the fallback.
 
 Launch layout: a block row per matrix row (grid y, strided past 65,535 rows), consecutive threads on consecutive
 columns (grid x), both grid-strided so the simulator can run a small grid. No flat index: the gate and up halves
