@@ -9,11 +9,17 @@ of SIMULATOR_BLOCKS); its threads stride over the row summing x^2, a shared-memo
 strided share of the row. add_rmsnorm_kernel is the same body with the add in front: a thread's first pass
 also writes its strided share of h = x + residual, and its second pass normalises that share of h.
 Fused because the decode step runs residual_add then rmsnorm twice a layer: one launch instead of two.
+
+`out_bits` (both launchers): the normed rows also rounded to bf16 (nearest even, uint16 bits) as they are written,
+for a tensor-core projection that reads them next (the fast precision's q|k|v and gate|up): the same bits
+gemm_tc's to_bf16_rows would make of `out`, without its launch and its re-read of out (6 bytes a value; this
+copy costs 2). float32 `out` stays the stage output the debugger and the golden check read.
 """
 import math
 
 import numpy as np
 
+from .bf16 import f32_to_bf16
 from .common import SIMULATOR, cuda, jit, launch_stream, device_empty
 from .weight_dtype import weight_to_f32, weights_ref
 
@@ -33,14 +39,15 @@ def row_scale(sum_of_squares, hidden, eps):
     return np.float32(np.float32(1.0) / np.float32(math.sqrt(mean_square + eps)))
 
 
-def _row_norm_kernel(add_residual: bool):
-    """The kernel both launchers use. `add_residual` is a closure constant, which numba compiles in as a
-    constant (the other branch is dropped): two specialised kernels from one body, so the fused kernel
-    does exactly rmsnorm's float32 operations in rmsnorm's reduction order. Without it `residual` is
-    unused and the launcher passes x as both `residual` and `h` (h is the array the second pass normalises)."""
+def _row_norm_kernel(add_residual: bool, bf16_copy: bool = False):
+    """The kernel both launchers use. `add_residual` and `bf16_copy` are closure constants, which numba compiles
+    in as constants (the other branch is dropped): specialised kernels from one body, so the fused kernel
+    does exactly rmsnorm's float32 operations in rmsnorm's reduction order. Without add_residual `residual` is
+    unused and the launcher passes x as both `residual` and `h` (h is the array the second pass normalises);
+    without bf16_copy `out_bits` is unused (the launcher passes out)."""
 
     @jit
-    def kernel(x, residual, weight, eps, h, out):
+    def kernel(x, residual, weight, eps, h, out, out_bits):
         tid = cuda.threadIdx.x
         n_threads = cuda.blockDim.x
         n_rows, hidden = x.shape
@@ -93,19 +100,32 @@ def _row_norm_kernel(add_residual: bool):
                 h0, h1, h2, h3 = h[row, col], h[row, c1], h[row, c2], h[row, c3]
                 w0, w1 = weight_to_f32(weight[col]), weight_to_f32(weight[c1])
                 w2, w3 = weight_to_f32(weight[c2]), weight_to_f32(weight[c3])
-                out[row, col], out[row, c1] = w0 * (h0 * s), w1 * (h1 * s)
-                out[row, c2], out[row, c3] = w2 * (h2 * s), w3 * (h3 * s)
+                y0, y1, y2, y3 = w0 * (h0 * s), w1 * (h1 * s), w2 * (h2 * s), w3 * (h3 * s)
+                out[row, col], out[row, c1], out[row, c2], out[row, c3] = y0, y1, y2, y3
+                if bf16_copy:
+                    out_bits[row, col], out_bits[row, c1] = f32_to_bf16(y0), f32_to_bf16(y1)
+                    out_bits[row, c2], out_bits[row, c3] = f32_to_bf16(y2), f32_to_bf16(y3)
                 col += 4 * n_threads
             while col < hidden:
-                out[row, col] = weight_to_f32(weight[col]) * (h[row, col] * s)
+                y = weight_to_f32(weight[col]) * (h[row, col] * s)
+                out[row, col] = y
+                if bf16_copy:
+                    out_bits[row, col] = f32_to_bf16(y)
                 col += n_threads
             cuda.syncthreads()  # every thread has read scale[0] before the next row's thread 0 rewrites it
 
     return kernel
 
 
-rmsnorm_kernel = _row_norm_kernel(add_residual=False)     # (x, x, weight, eps, x, out)
-add_rmsnorm_kernel = _row_norm_kernel(add_residual=True)  # (x, residual, weight, eps, h, out)
+rmsnorm_kernel = _row_norm_kernel(add_residual=False)     # (x, x, weight, eps, x, out, out)
+add_rmsnorm_kernel = _row_norm_kernel(add_residual=True)  # (x, residual, weight, eps, h, out, out)
+rmsnorm_bf16_kernel = _row_norm_kernel(add_residual=False, bf16_copy=True)     # (..., out, out_bits)
+add_rmsnorm_bf16_kernel = _row_norm_kernel(add_residual=True, bf16_copy=True)
+
+
+def _check_out_bits(out_bits, shape):
+    assert out_bits is None or (out_bits.shape == shape and out_bits.dtype == np.uint16), (
+        f"out_bits must be uint16 {shape} (bf16 bits), got {out_bits.dtype} {out_bits.shape}")
 
 
 def _check_threads(threads):
@@ -118,22 +138,26 @@ def _row_blocks(n_rows):
     return min(n_rows, SIMULATOR_BLOCKS) if SIMULATOR else n_rows
 
 
-def rmsnorm(x, weight_bits, eps, out=None, threads=None):
+def rmsnorm(x, weight_bits, eps, out=None, threads=None, out_bits=None):
     """x float32 [T, H], weight_bits [H] (uint16 bf16 bits, or float32) -> float32 [T, H] (device arrays); out
-    may be x."""
+    may be x. `out_bits` (uint16 [T, H]): also the output rounded to bf16 (the module's docstring)."""
     threads = _check_threads(threads)
     n_rows, hidden = x.shape
     assert weight_bits.shape == (hidden,), (weight_bits.shape, hidden)
     out = device_empty(x.shape, np.float32) if out is None else out
     assert out.shape == x.shape, (out.shape, x.shape)
+    _check_out_bits(out_bits, x.shape)
     if n_rows:
-        rmsnorm_kernel[_row_blocks(n_rows), threads, launch_stream()](x, x, weight_bits, np.float32(eps), x, out)
+        kernel = rmsnorm_kernel if out_bits is None else rmsnorm_bf16_kernel
+        kernel[_row_blocks(n_rows), threads, launch_stream()](
+            x, x, weight_bits, np.float32(eps), x, out, out if out_bits is None else out_bits)
     return out
 
 
-def add_rmsnorm(x, residual, weight_bits, eps, out=None, h_out=None, threads=None):
+def add_rmsnorm(x, residual, weight_bits, eps, out=None, h_out=None, threads=None, out_bits=None):
     """x, residual float32 [T, H], weight_bits [H] (uint16 bf16 bits, or float32) -> (h, y) float32 [T, H],
     h = x + residual, y = rmsnorm(h): bit-identical to residual_add then rmsnorm with the same threads.
+    `out_bits` (uint16 [T, H]): also y rounded to bf16 (the module's docstring).
 
     x and residual are left as they are unless h_out or out is one of them (each element is read before
     it is written, so either may be).
@@ -145,9 +169,11 @@ def add_rmsnorm(x, residual, weight_bits, eps, out=None, h_out=None, threads=Non
     h = device_empty(x.shape, np.float32) if h_out is None else h_out
     out = device_empty(x.shape, np.float32) if out is None else out
     assert h.shape == x.shape and out.shape == x.shape, (h.shape, out.shape, x.shape)
+    _check_out_bits(out_bits, x.shape)
     if n_rows:
-        add_rmsnorm_kernel[_row_blocks(n_rows), threads, launch_stream()](
-            x, residual, weight_bits, np.float32(eps), h, out)
+        kernel = add_rmsnorm_kernel if out_bits is None else add_rmsnorm_bf16_kernel
+        kernel[_row_blocks(n_rows), threads, launch_stream()](
+            x, residual, weight_bits, np.float32(eps), h, out, out if out_bits is None else out_bits)
     return h, out
 
 

@@ -98,3 +98,32 @@ def test_add_rmsnorm_allocates_and_may_write_h_over_residual(rng):
     for got_h, got_y in ((h, y), (h_in_place, y2)):
         np.testing.assert_array_equal(got_h.copy_to_host(), want_h)
         np.testing.assert_allclose(got_y.copy_to_host(), want_y, rtol=1e-5, atol=0)
+
+
+# out_bits: the normed rows also as bf16 bits (what a tensor-core projection reads next). Exact: the copy is
+# f32_to_bf16 (nearest even) of the very float32 values written to out, and out itself must not change.
+@pytest.mark.parametrize("fused_add", [False, True])
+@pytest.mark.parametrize("n_rows, hidden, threads", [(2, 64, 4), (5, 67, None), (7, 5, 8), (40, 67, None)])
+def test_norms_write_the_bf16_copy_of_their_output(rng, fused_add, n_rows, hidden, threads):
+    x, residual, weight_bits = _add_inputs(rng, n_rows, hidden)
+    d_x, d_residual, d_w = cuda.to_device(x), cuda.to_device(residual), cuda.to_device(weight_bits)
+    out, bits = poisoned(x.shape, np.float32), poisoned(x.shape, np.uint16)
+    plain_out = poisoned(x.shape, np.float32)
+    if fused_add:
+        add_rmsnorm(d_x, d_residual, d_w, EPS, out=out, threads=threads, out_bits=bits)
+        add_rmsnorm(d_x, d_residual, d_w, EPS, out=plain_out, threads=threads)
+    else:
+        rmsnorm(d_x, d_w, EPS, out=out, threads=threads, out_bits=bits)
+        rmsnorm(d_x, d_w, EPS, out=plain_out, threads=threads)
+    y = out.copy_to_host()
+    np.testing.assert_array_equal(y.view(np.uint32), plain_out.copy_to_host().view(np.uint32))
+    np.testing.assert_array_equal(bits.copy_to_host(), f32_to_bf16_ref(y))
+
+
+def test_norms_reject_bits_of_the_wrong_dtype_or_shape(rng):
+    x, residual, weight_bits = _add_inputs(rng, 3, 16)
+    d_x, d_w = cuda.to_device(x), cuda.to_device(weight_bits)
+    with pytest.raises(AssertionError, match="out_bits must be uint16"):
+        rmsnorm(d_x, d_w, EPS, out_bits=cuda.device_array(x.shape, np.float32))
+    with pytest.raises(AssertionError, match="out_bits must be uint16"):
+        add_rmsnorm(d_x, cuda.to_device(residual), d_w, EPS, out_bits=cuda.device_array((3, 8), np.uint16))

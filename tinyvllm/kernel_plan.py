@@ -20,6 +20,8 @@ ModelRunner.forward_stages is the same generator with the same stages either way
 |                                              |                                  | swiglu; else silu_mul_gate_up  |
 |                                              |                                  | (bf16)), then gemm_tc          |
 | RMSNorms, residual adds, RoPE + K/V write    | rmsnorm, add_rmsnorm, rope_qkv   | the same kernels               |
+|                                              |                                  | (each norm also writing its    |
+|                                              |                                  | output as bf16: norm_bits)     |
 | attention, steps with prefill chunks         | prefill_gqa (simulator: per_query) | prefill_tc                   |
 | attention, decode-only steps                 | decode_warps (batch >= 64), decode_gqa, flash_decode (simulator: |
 |                                              | per_query): both precisions                                      |
@@ -34,11 +36,12 @@ with small tiles: tc_tile).
 Why no ResidualEpilogue behind o_proj and down_proj: an RMSNorm reads the sum right after, over whole rows, so
 it is a launch either way; gemm_tc + epilogue + rmsnorm moves the same 20 bytes a value as gemm_tc + add_rmsnorm
 (out written; o and h read, h and x written). It would pay once a norm could follow inside the next GEMM.
-Why to_bf16_rows in front of the other GEMMs: their inputs (the normed x, the attention output) are stage outputs
-the debugger and the golden check read in float32, so a float32 copy exists anyway; the conversion adds 6 bytes a
-value and a launch: at K 2048, 12 kB a token (3 ns at 4.3 TB/s) against 8-13 MFLOP (28-42 ns at ~300 TFLOP/s), 7-10 %
-of a projection (an estimate, not measured). Next step if it shows in a profile: rmsnorm / add_rmsnorm writing the
-bf16 copy beside the float32 one (2 bytes a value, no launch). The widest input, the gate's output (T x I), is written
+The GEMMs' bf16 inputs: the normed x and the attention output are stage outputs the debugger and the golden check
+read in float32, so a float32 copy exists anyway. The normed x reaches q|k|v and gate|up as a bf16 copy the norm
+writes beside it (rmsnorm / add_rmsnorm's out_bits, norm_bits: 2 bytes a value, no launch); the attention output
+goes through gemm_tc's to_bf16_rows (6 bytes a value and a launch: at K 2048, 12 kB a token, 3 ns at 4.3 TB/s,
+against 8 MFLOP, 28 ns at ~300 TFLOP/s: an estimate, not measured). The bits are the same either way (the same
+f32_to_bf16 of the same float32 values). The widest input, the gate's output (T x I), is written
 as bf16 directly: it is no stage output. Where gate|up runs on gemm_tc in one pass (fuses_swiglu: every prefill, and
 decode batches whose gate|up tile takes no split-K) the gate|up GEMM computes it in its epilogue (gemm_tc's
 SwiGLUEpilogue(bf16=True), bit for bit the pair below), so the float32 gate|up [T, 2 I] is never written nor read
@@ -58,7 +61,7 @@ from kernels_numba.activation import silu_mul_gate_up
 from kernels_numba.attention import build_prefill_tiles, gqa_shape
 from kernels_numba.attention import prefill_tc as _prefill_tc
 from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, tc_queries_per_tile
-from kernels_numba.common import SIMULATOR
+from kernels_numba.common import SIMULATOR, device_empty
 from kernels_numba.epilogues import SwiGLUEpilogue
 from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc, gemm_tc_fused
 
@@ -136,6 +139,16 @@ class KernelPlan:
     # ---- projections ----
     def uses_tensor_cores(self, rows: int, in_features: int) -> bool:
         return self.fast and rows >= tc_min_rows() and in_features % CHUNK == 0
+
+    def norm_bits_shape(self, rows: int, hidden: int) -> tuple[int, int] | None:
+        """The shape of the bf16 copy an RMSNorm writes beside its output where the projections that read it (q|k|v,
+        gate|up) run on tensor cores (rmsnorm's out_bits: gemm_tc then reads it as it is), else None."""
+        return (rows, hidden) if self.uses_tensor_cores(rows, hidden) else None
+
+    def norm_bits(self, rows: int, hidden: int):
+        """A uint16 buffer of norm_bits_shape for that copy, or None."""
+        shape = self.norm_bits_shape(rows, hidden)
+        return None if shape is None else device_empty(shape, np.uint16)
 
     def projection_name(self, rows: int, in_features: int) -> str:
         if self.uses_tensor_cores(rows, in_features):

@@ -11,7 +11,8 @@ Per layer (HF LlamaDecoderLayer):
 Launched as 9 kernels per layer (prefill, and everything in the simulator): q|k|v as one projection then
 one rope kernel that splits it and writes K/V into the paged pool, attention, o_proj, a residual add fused
 with the next RMSNorm, gate|up as one projection, silu_mul, down_proj (and the next add_rmsnorm); 8 where the fast
-plan computes silu_mul inside gate|up's tensor-core GEMM (KernelPlan.gate). Steps whose
+plan computes silu_mul inside gate|up's tensor-core GEMM (KernelPlan.gate), whose norms also write the bf16 copy
+q|k|v and gate|up read (KernelPlan.norm_bits; else gemm_tc rounds x to bf16 in a launch of its own). Steps whose
 projections gemv_coalesced serves (decode on a GPU) run the fused-GEMV layer instead (`_fused_layers`, 5
 kernels, gemv_fused with kernels_numba/epilogues.py's objects): each RMSNorm inside the GEMV that reads it,
 RoPE and the K/V write behind q|k|v, the SwiGLU gate behind gate|up, each residual add inside the GEMV that
@@ -289,33 +290,48 @@ class ModelRunner:
             x = yield from self._fused_layers(batch, h, attend, attention_kernel, _stage)
             return x
         x = None  # the next normed input, once a fused add_rmsnorm has computed it with the residual
+        # x rounded to bf16 by the norm that wrote it, where q|k|v and gate|up read bf16 (plan.norm_bits), else x
+        x_in = None
+        bits_note = " (+ its bf16 copy)" if plan.norm_bits_shape(T, H) else ""
+
+        def norm(x_, residual, weight):
+            """rmsnorm (residual None) or add_rmsnorm, writing x_in beside its float32 output."""
+            nonlocal x_in
+            bits = plan.norm_bits(T, H)
+            if residual is None:
+                out = rmsnorm(x_, weight, eps, out_bits=bits)
+            else:
+                out = add_rmsnorm(x_, residual, weight, eps, out_bits=bits)
+            x_in = (out if residual is None else out[1]) if bits is None else bits
+            return out
         layers = w_all.layers
         for i, w in enumerate(layers):
             k_pool, v_pool = self.kv_pool.layer(i)
             name = f"layers.{i}.".__add__
             if x is None:
-                x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm", lambda: rmsnorm(h, w.input_norm, eps), i)
+                x = yield from _stage(name("input_norm"), "rmsnorm.rmsnorm" + bits_note,
+                                      lambda: norm(h, None, w.input_norm), i)
             else:
                 x = yield from _stage(name("input_norm"), f"({FUSED} layers.{i - 1}.output)", lambda: x, i)
             begin_layer(i)  # after layer 0's norm: every layer then takes the same buffers in the same order
             q, k, v = yield from _stage(name("q"), matmul(H) + " (q|k|v in one) + rope.rope_qkv (+ the K/V write)",
-                                        lambda: rope_qkv(linear(x, w.qkv_proj), positions, self.inv_freq, nh, nkv, hd,
-                                                         kv_pools=(k_pool, v_pool), slot_mapping=slot_mapping),
+                                        lambda: rope_qkv(linear(x_in, w.qkv_proj), positions, self.inv_freq, nh, nkv,
+                                                         hd, kv_pools=(k_pool, v_pool), slot_mapping=slot_mapping),
                                         i, show=0)
             k = yield from _stage(name("k"), f"({FUSED} {name('q')})", lambda: k, i)
             v = yield from _stage(name("v"), f"({FUSED} {name('q')})", lambda: v, i)
             a = yield from _stage(name("attn"), attention_kernel,
                                   lambda: attend(q, k_pool, v_pool).reshape(T, nh * hd), i)
             o = yield from _stage(name("o_proj"), matmul(nh * hd), lambda: linear(a, w.o_proj), i)
-            h, x = yield from _stage(name("attn_residual"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
-                o, h, w.post_norm, eps), i, show=0)
+            h, x = yield from _stage(name("attn_residual"), "rmsnorm.add_rmsnorm" + bits_note, lambda: norm(
+                o, h, w.post_norm), i, show=0)
             x = yield from _stage(name("post_norm"), f"({FUSED} {name('attn_residual')})", lambda: x, i)
 
             m = yield from _stage(name("mlp"), f"{plan.gate_name(T, H, I)} + {matmul(I)}",
-                                  lambda: linear(plan.gate(x, w.gate_up_proj), w.down_proj), i)
+                                  lambda: linear(plan.gate(x_in, w.gate_up_proj), w.down_proj), i)
             next_norm = layers[i + 1].input_norm if i + 1 < len(layers) else w_all.norm
-            h, x = yield from _stage(name("output"), "rmsnorm.add_rmsnorm", lambda: add_rmsnorm(
-                m, h, next_norm, eps), i, show=0)
+            h, x = yield from _stage(name("output"), "rmsnorm.add_rmsnorm" + bits_note, lambda: norm(
+                m, h, next_norm), i, show=0)
         x = yield from _stage("final_norm", f"({FUSED} layers.{len(layers) - 1}.output)", lambda: x)
         return x
 
