@@ -57,7 +57,7 @@ import numpy as np
 from .activation import silu
 from .bf16 import f32_to_bf16
 from .common import (SHARED_ALIGN, cuda, jit, cdiv, grid_stride_launch, launch_stream, launch_with_shared,
-                     device_empty)
+                     device_empty, rows_launch)
 from .epilogues import FusedOutputs, ResidualEpilogue, SwiGLUEpilogue, fused_outputs
 from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, ldmatrix_x4, mma_bf16_m16n8k16, shared_view
 
@@ -367,9 +367,13 @@ def sum_splits_kernel(residual: bool):
 
 @jit
 def to_bf16_rows_kernel(x, out):
+    """Rows over the grid's y, columns over its x (a flat index split back into row and column took a 64-bit
+    division and modulo an element: 62 us for 4,096 x 2,048 on the H200, a third of the copy bandwidth)."""
     num_rows, row_len = x.shape
-    for i in range(cuda.grid(1), num_rows * row_len, cuda.gridsize(1)):
-        out[i // row_len, i % row_len] = f32_to_bf16(x[i // row_len, i % row_len])
+    for row in range(cuda.blockIdx.y, num_rows, cuda.gridDim.y):
+        for col in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, row_len,
+                         cuda.gridDim.x * cuda.blockDim.x):
+            out[row, col] = f32_to_bf16(x[row, col])
 
 
 def to_bf16_rows(x, out=None):
@@ -378,7 +382,7 @@ def to_bf16_rows(x, out=None):
     out = device_empty(x.shape, np.uint16) if out is None else out
     assert out.shape == x.shape and out.dtype == np.uint16, (out.shape, out.dtype)
     if x.size:
-        blocks, threads = grid_stride_launch(x.size, CONVERT_THREADS)
+        blocks, threads = rows_launch(*x.shape, CONVERT_THREADS)
         to_bf16_rows_kernel[blocks, threads, launch_stream()](x, out)
     return out
 

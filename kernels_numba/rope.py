@@ -5,8 +5,9 @@
 
 Launch layout: one thread per (token, head, i < h) on the GPU, grid-stride so the simulator can run a
 small grid; a thread reads both halves of its pair before writing them, so `out` may be `x` itself (in place).
-rope_qkv_kernel: one thread per (token, head of q, k or v, i < h) of the fused projection's output; it
-rotates its pair into q or k, or copies it into v. Both kernels rotate with the same device function.
+rope_qkv_kernel: one thread per (token, head of q, k or v, i < h) of the fused projection's output, tokens over
+the grid's y and a token's pairs over its x (common.rows_launch); it rotates its pair into q or k, or copies it
+into v. Both kernels rotate with the same device function.
 Fused because the decode step projects q, k and v with one matmul: one launch splits and rotates all three,
 and (given the paged KV pools) stores k and v at their slots as well.
 `rope_inv_freq` (host) builds inv_freq in float32 with the same operations, in the same order, as
@@ -17,7 +18,7 @@ import math
 
 import numpy as np
 
-from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty
+from .common import cuda, jit, grid_stride_launch, launch_stream, device_empty, rows_launch
 from .kv_dtype import check_kv_pool_dtype, kv_from_f32
 
 THREADS = 128
@@ -133,18 +134,21 @@ def _rope_qkv_kernel(write_pool: bool):
 
     @jit
     def kernel(qkv, positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping):
+        # tokens over the grid's y, a token's pairs over its x: one division a pair (a flat index over all tokens
+        # took three)
         n_tokens = qkv.shape[0]
         head_dim = q.shape[2]
         n_all_heads = q.shape[1] + 2 * k.shape[1]
         half = head_dim // 2
-        for idx in range(cuda.grid(1), n_tokens * n_all_heads * half, cuda.gridsize(1)):
-            i = idx % half
-            head = (idx // half) % n_all_heads  # q heads, then k heads, then v heads
-            t = idx // (half * n_all_heads)
-            x1 = qkv[t, head * head_dim + i]
-            x2 = qkv[t, head * head_dim + i + half]
+        for t in range(cuda.blockIdx.y, n_tokens, cuda.gridDim.y):
             slot = slot_mapping[t] if write_pool else -1
-            store_qkv_pair(x1, x2, t, head, i, slot, positions, inv_freq, q, k, v, k_pool, v_pool)
+            for pair in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, n_all_heads * half,
+                              cuda.gridDim.x * cuda.blockDim.x):
+                head = pair // half  # q heads, then k heads, then v heads
+                i = pair - head * half
+                x1 = qkv[t, head * head_dim + i]
+                x2 = qkv[t, head * head_dim + i + half]
+                store_qkv_pair(x1, x2, t, head, i, slot, positions, inv_freq, q, k, v, k_pool, v_pool)
 
     return kernel
 
@@ -195,9 +199,9 @@ def rope_qkv(qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, q_out=None
         assert k_pool.shape == v_pool.shape and k_pool.shape[2:] == kv_shape[1:], (k_pool.shape, kv_shape)
         check_kv_pool_dtype(k_pool, v_pool)
         assert slot_mapping is not None and slot_mapping.shape == (n_tokens,), "slot_mapping: one slot per token"
-    n_pairs = n_tokens * (n_heads + 2 * n_kv_heads) * (head_dim // 2)
-    if n_pairs:
-        blocks, threads = grid_stride_launch(n_pairs, THREADS)
+    pairs_per_token = (n_heads + 2 * n_kv_heads) * (head_dim // 2)
+    if n_tokens * pairs_per_token:
+        blocks, threads = rows_launch(n_tokens, pairs_per_token, THREADS)
         kernel[blocks, threads, launch_stream()](qkv, positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping)
     return q, k, v
 
