@@ -1,13 +1,18 @@
-"""gemm_tc compiled for the H200 (sm_90) on a machine without a GPU: registers, spills and the main loop's instructions.
+"""gemm_tc (or prefill_tc) compiled for the H200 (sm_90) on a machine without a GPU: registers, spills and the main
+loop's instructions.
 
     python scripts/offline_sass.py [--tiles 128x128x64x2x2x3,64x128x64x2x2x3] [--residual] [--split] [--swiglu]
+    python scripts/offline_sass.py --prefill-tc [16,32]
 
 What a kernel costs per K slice is in its SASS: Round 10 found gemm_tc's main loop issuing 373 instructions for its
 64 HMMA (64-bit index arithmetic around every cp.async and ldmatrix) this way, and cut it to 208, before any GPU
 call. For each tile: numba compiles the kernel to PTX for compute capability 9.0 (no driver needed once device
 functions are told the capability), ptxas assembles it (registers, spill bytes), and, with nvdisasm, the loop that
 holds the HMMAs is found (the backward branch whose body has the most of them) and its instructions counted by
-opcode.
+opcode. --prefill-tc does the same for prefill_tc's kernel as the fast precision launches it for Llama-3.2-1B (bf16
+pool, head_dim 64, group 4, TC_WARPS warps, TC_KEY_TILE-key tiles; the pool's block size 16 as EngineConfig's
+default), whose main loop is the key-tile loop (64 HMMA a tile at that shape): 798 instructions a tile when first
+measured, 453 once its copies, stage, loop counter and mask were cut to 32-bit work (133 -> 132 registers, no spills).
 
 Tools (not dependencies of tinyvllm; pip wheels in a scratch venv are enough): ptxas (nvidia-cuda-nvcc), nvdisasm
 (nvidia-cuda-nvdisasm), and an NVRTC library numba loads while compiling (nvidia-cuda-nvrtc: put its lib folder on
@@ -50,6 +55,61 @@ def main_loop(sass: str) -> collections.Counter:
     return best
 
 
+def measure(name: str, py_func, signature, ptxas: str, nvdisasm: str | None) -> str | None:
+    """One kernel for sm_90: ptxas's registers and spills, and (with nvdisasm) its main loop's instruction mix; None
+    when ptxas fails (its error printed)."""
+    from numba import cuda
+    ptx, _ = cuda.compile_ptx(py_func, signature, cc=(9, 0))
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "k.ptx").write_text(ptx)
+        done = subprocess.run([ptxas, "-v", "-arch=sm_90", f"{folder}/k.ptx", "-o", f"{folder}/k.cubin"],
+                              capture_output=True, text=True)
+        if done.returncode:
+            print(f"{name}: ptxas failed\n{done.stderr[-2000:]}")
+            return None
+        registers = re.search(r"Used (\d+) registers", done.stderr)
+        spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", done.stderr)
+        line = (f"{name}: {registers.group(1) if registers else '?'} registers, spill stores / loads "
+                f"{' / '.join(spills) or '?'} bytes")
+        if nvdisasm:
+            sass = subprocess.run([nvdisasm, "-c", f"{folder}/k.cubin"], capture_output=True, text=True).stdout
+            loop = main_loop(sass)
+            mix = ", ".join(f"{opcode} {n}" for opcode, n in loop.most_common(8))
+            line += f"; main loop {sum(loop.values())} instructions for {loop['HMMA']} HMMA ({mix})"
+    return line
+
+
+def gemm_tc_kernels(args):
+    """(name, py_func, signature) of gemm_tc for each of --tiles."""
+    from numba import types
+    from kernels_numba.gemm_tc import TileShape, gemm_tc_kernel
+    bits, floats = types.Array(types.uint16, 2, "C"), types.Array(types.float32, 2, "C")
+    outs = bits if args.swiglu else floats  # (the SwiGLU launch passes its bf16 out as all three)
+    signature = (bits, bits, bits, bits, outs, outs, outs)  # x, W, their flat views, out, residual in / out
+    for spec in args.tiles.split(","):
+        tile = TileShape(*(int(v) for v in spec.split("x")))
+        yield spec, gemm_tc_kernel(tile, args.residual, args.split, args.swiglu).py_func, signature
+
+
+def prefill_tc_kernels(args):
+    """(name, py_func, signature) of prefill_tc with a bf16 pool and TC_OPTIONS, at Llama-3.2-1B's shape (head_dim
+    64, group 4) for each of --prefill-tc's block sizes, with the launcher's defaults (TC_WARPS, TC_KEY_TILE)."""
+    from numba import types
+    from kernels_numba.attention.prefill_tc import (TC_KEY_TILE, TC_OPTIONS, TC_WARPS,
+                                                    paged_attention_prefill_tc_kernel, tc_key_tile)
+    head_dim, group = 64, 4
+    keys = tc_key_tile(head_dim, TC_WARPS, TC_KEY_TILE)
+    ints, int_rows = types.Array(types.int32, 1, "C"), types.Array(types.int32, 2, "C")
+    floats3, bits = types.Array(types.float32, 3, "C"), types.Array(types.uint16, 2, "C")
+    # q, k_rows, v_rows, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out (the launch's
+    # types: tiles and block tables are whole int32 device arrays, the pools' reshaped views C-contiguous)
+    signature = (floats3, bits, bits, int_rows, ints, int_rows, int_rows, ints, types.float32, floats3)
+    for block_size in (int(b) for b in args.prefill_tc.split(",")):
+        kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, TC_WARPS, keys, True, TC_OPTIONS)
+        yield (f"prefill_tc head_dim {head_dim} group {group} block_size {block_size} bf16 pool {TC_WARPS} warps "
+               f"{keys}-key tiles", kernel.py_func, signature)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiles", default="128x128x64x2x2x3,64x128x64x2x2x3,64x64x32x2x2x4",
@@ -57,45 +117,26 @@ def main() -> int:
     parser.add_argument("--residual", action="store_true", help="the residual epilogue's kernel")
     parser.add_argument("--split", action="store_true", help="the split-K kernel")
     parser.add_argument("--swiglu", action="store_true", help="the SwiGLU epilogue's kernel (bf16 out)")
+    parser.add_argument("--prefill-tc", metavar="BLOCK_SIZES", nargs="?", const="16",
+                        help="measure prefill_tc (bf16 pool, head_dim 64, group 4) instead, at these pool block "
+                             "sizes (comma-separated; 16, the engine's default, when given bare)")
     args = parser.parse_args()
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         sys.exit("offline_sass: unset NUMBA_ENABLE_CUDASIM (it compiles for the GPU, not the simulator)")
     ptxas, nvdisasm = tool("ptxas", "TINYVLLM_PTXAS"), tool("nvdisasm", "TINYVLLM_NVDISASM")
     if ptxas is None:
         sys.exit("offline_sass: no ptxas on PATH and no TINYVLLM_PTXAS (pip install nvidia-cuda-nvcc in a scratch venv)")
-    from numba import cuda, types
     import numba.cuda.dispatcher as dispatcher
 
     class Hopper:
         compute_capability = (9, 0)
     dispatcher.get_current_device = lambda: Hopper()  # device functions ask the current device for its capability
-    from kernels_numba.gemm_tc import TileShape, gemm_tc_kernel
-    bits, floats = types.Array(types.uint16, 2, "C"), types.Array(types.float32, 2, "C")
-    outs = bits if args.swiglu else floats  # (the SwiGLU launch passes its bf16 out as all three)
-    signature = (bits, bits, bits, bits, outs, outs, outs)  # x, W, their flat views, out, residual in / out
-    for spec in args.tiles.split(","):
-        tile = TileShape(*(int(v) for v in spec.split("x")))
-        kernel = gemm_tc_kernel(tile, args.residual, args.split, args.swiglu)
-        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
-        with tempfile.TemporaryDirectory() as folder:
-            Path(folder, "k.ptx").write_text(ptx)
-            done = subprocess.run([ptxas, "-v", "-arch=sm_90", f"{folder}/k.ptx", "-o", f"{folder}/k.cubin"],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                print(f"{spec}: ptxas failed\n{done.stderr[-2000:]}")
-                return 1
-            registers = re.search(r"Used (\d+) registers", done.stderr)
-            spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", done.stderr)
-            line = (f"{spec}: {registers.group(1) if registers else '?'} registers, spill stores / loads "
-                    f"{' / '.join(spills) or '?'} bytes")
-            if nvdisasm:
-                sass = subprocess.run([nvdisasm, "-c", f"{folder}/k.cubin"], capture_output=True, text=True).stdout
-                loop = main_loop(sass)
-                mix = ", ".join(f"{name} {n}" for name, n in loop.most_common(8))
-                line += f"; main loop {sum(loop.values())} instructions for {loop['HMMA']} HMMA ({mix})"
+    for name, py_func, signature in (prefill_tc_kernels if args.prefill_tc else gemm_tc_kernels)(args):
+        line = measure(name, py_func, signature, ptxas, nvdisasm)
+        if line is None:
+            return 1
         print(line, flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

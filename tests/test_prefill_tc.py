@@ -105,6 +105,13 @@ def test_prefill_tc_other_options_still_match(rng, options):
     _check_tc(rng, PIPELINE_SPECS[:1], 4, 6, 2, 16, warps=2, kv_dtype=np.uint16, options=options)
 
 
+def test_prefill_tc_copies_rows_of_any_width_from_blocks_of_any_size(rng):
+    # A bf16 pool's copies keep each thread's rows and column across key tiles: head_dim 48 is 6 16-byte chunks a
+    # row, which do not divide a warp's 32 threads (30 copy 5 rows a round, 2 copy nothing; 4 rounds reach past the
+    # tile's 16 rows), and blocks of 6 keys are not a power of two (the lookup divides instead of shifting).
+    _check_tc(rng, "chunked", 6, 4, 2, 48, kv_dtype=np.uint16)
+
+
 def test_prefill_tc_at_the_gpu_shape(rng):
     # The GPU's block once: 4 warps of 16 rows (16 queries x Llama-3.2-1B's group of 4 heads, head_dim 64), 64-key
     # tiles; 36 + 20 new queries give full and partial query tiles, 45 keys a partial key tile read from the pool.

@@ -27,6 +27,20 @@ and the warps compute tile t. One barrier a tile, as gemm_tc's loop. Shared memo
 rows x 72 bf16 = 36 KB at head_dim 64), the same as one stage beside a separate Q tile took. A float32 pool's
 loader rounds with plain stores, so it cannot overlap: it runs in the same loop, its waits empty.
 
+The loop's integer work, cut to what a tile needs (offline SASS, not timed on a GPU: scripts/offline_sass.py
+--prefill-tc, ptxas and nvdisasm for sm_90 at the fast path's shape: bf16 pool, head_dim 64, group 4, 8 warps,
+64-key tiles, blocks of 16): 798 instructions per key tile for its 64 HMMA before, 453 after; 133 registers before,
+132 after, no spills either way (128 under max_registers=128, still none). Thread tid copies the same places of
+every tile: column 8 (tid % chunks) of key rows tid // chunks + i (threads // chunks), fixed before the loop, so a
+copy computes only its key's block and offset, in 32-bit unsigned arithmetic (a shift and a mask for a power-of-two
+block size), from the sequence's row of the block table; keys past key_len copy 0 bytes from the last key's row
+instead of branching around the lookup. The pools are read flat (the launcher passes them as [1, size]: C-contiguous),
+a source index one 32 x 32 -> 64-bit multiply-add from the slot and the thread's column (no 2^31-element limit). The
+loop steps key_start in int32 and flips the stage (not a signed 64-bit division, modulo and product a tile); the
+diagonal tiles' mask compares, in int32, each row's reach (its position - key_start - 2 quad) with the constants
+8 n and 8 n + 1; ldmatrix's constant offsets fold into its immediate (mma._shared_address). The arithmetic is
+unchanged: the same copies, mmas and softmax, the outputs bit for bit the same in the simulator.
+
 The exponentials (TcOptions.exp2; the original used math.exp, libdevice's expf, several instructions around one
 ex2 to reach 1 ulp): e^s = 2^(s log2 e), so the launcher hands the kernel scale * log2(e) (q_scale) and every
 score comes out of the first mma in base 2; each weight and each rescale factor is then one subtraction and one
@@ -59,7 +73,7 @@ from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, cuda, jit, launch_stream
 from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans,
                    mma_bf16_m16n8k16, pack_bf16x2, pack_f32_bf16x2, shfl_xor)
-from .paged_kv import _check_pool, _output, _pool_rows
+from .paged_kv import _check_pool, _output
 from .prefill import PrefillTiles, build_prefill_tiles
 
 TC_WARPS = 8        # warps per block: 128 (query, head) rows (H200: 2.7 vs 3.4 ms at 4096 tokens with 4;
@@ -81,7 +95,8 @@ class TcOptions:
     cvt_pack: bool = True   # P's weights rounded to bf16 and packed two at a time by one cvt.rn.bf16x2.f32
     mask_diagonal_only: bool = True  # the causal mask's compares only in key tiles that reach past a lane's row
     max_registers: int = 0  # a cap on registers a thread (0: the compiler's choice; 157 at head_dim 64 in round 6,
-                            # so one 8-warp block an SM: 128 would let two in, if it does not spill)
+                            # 132 now (offline, sm_90), so one 8-warp block an SM: 128 would let two in, and offline
+                            # ptxas fits the loop in 128 without spilling)
 
 
 TC_OPTIONS = TcOptions()
@@ -156,10 +171,20 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     pack_p = pack_f32_bf16x2 if options.cvt_pack else pack_rounded
     mask_all_tiles = not options.mask_diagonal_only
 
+    # A bf16 pool's copies: round i of thread tid copies the 16 bytes at column copy_col = 8 (tid % chunks) of key row
+    # copy_row + i copy_rows of the tile, copy_row = tid // chunks: fixed across tiles, so computed once (threads
+    # from copy_rows x chunks on, where chunks does not divide the block's threads, copy nothing: copy_row =
+    # keys_per_tile).
+    copy_rows = threads // chunks
+    copy_rounds = -(-keys_per_tile // copy_rows)
+    some_rows_past = copy_rounds * copy_rows > keys_per_tile or copy_rows * chunks < threads
+    block_size_u = np.uint32(block_size)
+
     @jit(device=True)
-    def round_f32_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, stage):
-        """A float32 pool's key tile as bf16 into slabs 2 stage (K) and 2 stage + 1 (V), one element per thread
-        and step (zeros past key_len); plain stores, there when it returns."""
+    def round_f32_tile(k_flat, v_flat, table, row_len, key_start, key_len, column, tid, kv, slab,
+                       copy_row, copy_col, source_col):
+        """A float32 pool's key tile as bf16 into slabs `slab` (K) and slab + 1 (V), one element per thread and step
+        (zeros past key_len); plain stores, there when it returns."""
         for i in range(tid, keys_per_tile * head_dim, threads):
             j = i // head_dim
             d = i % head_dim
@@ -167,33 +192,40 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             k_value = np.float32(0.0)
             v_value = np.float32(0.0)
             if key < key_len:
-                slot = block_tables[seq, key // block_size] * block_size + key % block_size
-                k_value = k_rows[slot, column + d]
-                v_value = v_rows[slot, column + d]
-            kv[2 * stage, j, d] = f32_to_bf16(k_value)
-            kv[2 * stage + 1, j, d] = f32_to_bf16(v_value)
+                slot = table[key // block_size] * block_size + key % block_size
+                source = np.uint64(slot) * row_len + np.uint64(column + d)  # (numba types int64 x uint64 as
+                                                                            # float64: unsigned on both sides)
+                k_value = k_flat[0, source]
+                v_value = v_flat[0, source]
+            kv[slab, j, d] = f32_to_bf16(k_value)
+            kv[slab + 1, j, d] = f32_to_bf16(v_value)
 
     @jit(device=True)
-    def copy_bf16_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, stage):
-        """A bf16 pool's key tile into slabs 2 stage (K) and 2 stage + 1 (V) as it is: 16-byte cp.async copies
-        (zero-filled past key_len), in flight until the caller commits and waits for them."""
-        for i in range(tid, keys_per_tile * chunks, threads):
-            j = i // chunks
-            d = 8 * (i % chunks)
-            key = key_start + j
-            slot = 0  # past key_len: a valid address, nothing read (0 source bytes)
-            size = 0
-            if key < key_len:
-                slot = block_tables[seq, key // block_size] * block_size + key % block_size
-                size = 16
-            cp_async_16(kv, 2 * stage, j, d, k_rows, slot, column + d, size)
-            cp_async_16(kv, 2 * stage + 1, j, d, v_rows, slot, column + d, size)
+    def copy_bf16_tile(k_flat, v_flat, table, row_len, key_start, key_len, column, tid, kv, slab,
+                       copy_row, copy_col, source_col):
+        """A bf16 pool's key tile into slabs `slab` (K) and slab + 1 (V) as it is: this thread's 16-byte cp.async
+        copies (rows copy_row + i copy_rows at column copy_col; source_col: the pool row's column there), zero-filled
+        past key_len (0 bytes read from the last key's row: the lookup stays inside the table, no branch), in flight
+        until the caller commits and waits for them. The key's block and offset in 32-bit unsigned arithmetic (a
+        shift and a mask for a power-of-two block size), the pool index unsigned (no negative-index fix-ups): the
+        integer work had outgrown the copies (the module docstring)."""
+        for i in range(copy_rounds):
+            row = copy_row + i * copy_rows
+            if some_rows_past and row >= keys_per_tile:  # (compiled out when the rows divide evenly)
+                continue
+            key = np.int32(key_start + row)
+            size = 16 if key < key_len else 0  # past key_len: zeros, from the last key's row (0 bytes read)
+            key_u = np.uint32(min(key, key_len - 1))
+            slot = np.uint32(np.uint32(table[key_u // block_size_u]) * block_size_u + key_u % block_size_u)
+            source = np.uint64(slot) * row_len + source_col  # 32 x 32 -> 64 bits: one wide multiply-add
+            cp_async_16(kv, slab, row, copy_col, k_flat, 0, source, size)
+            cp_async_16(kv, slab + 1, row, copy_col, v_flat, 0, source, size)
 
     load_kv_tile = copy_bf16_tile if bf16_pool else round_f32_tile
     wait_landed = cp_async_wait_all  # all but 0 groups: the tile just waited for is the only one in flight
 
     @(jit(max_registers=options.max_registers) if options.max_registers else jit)
-    def kernel(q, k_rows, v_rows, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out):
+    def kernel(q, k_flat, v_flat, block_tables, tile_seq, tile_tokens, tile_positions, tile_key_len, scale, out):
         # slab 2 s: stage s's K tile, 2 s + 1 its V tile; Q's rows first, from slab Q_SLAB on (one array: the
         # simulator aliases shared arrays declared on one line, so keep one a line)
         kv = cuda.shared.array((slabs, keys_per_tile, padded_dim), np.uint16, alignment=SHARED_ALIGN)
@@ -210,9 +242,15 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         seq = tile_seq[tile]
         key_len = tile_key_len[tile]
         column = kv_head * head_dim  # this KV head's first column of a pool row
-        num_key_tiles = (key_len + keys_per_tile - 1) // keys_per_tile
-        if pipelined:  # key tile 0 into stage 0, landing while Q goes to shared memory and registers
-            load_kv_tile(k_rows, v_rows, block_tables, seq, 0, key_len, column, tid, kv, 0)
+        table = block_tables[seq]  # the sequence's row of block ids
+        # a pool row holds every KV head's K (or V): n_kv_heads x head_dim, n_kv_heads the grid's rows of blocks
+        row_len = np.uint64(np.uint32(cuda.gridDim.y * head_dim))
+        copy_row = tid // chunks if tid < copy_rows * chunks else keys_per_tile
+        copy_col = 8 * (tid % chunks)
+        source_col = np.uint64(np.uint32(column + copy_col))
+        if pipelined and key_len > 0:  # key tile 0 into stage 0, landing while Q goes to shared memory and registers
+            load_kv_tile(k_flat, v_flat, table, row_len, 0, key_len, column, tid, kv, 0, copy_row, copy_col,
+                         source_col)
             cp_async_commit()
         for i in range(tid, rows * head_dim, threads):
             r = i // head_dim
@@ -229,8 +267,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 kv, Q_SLAB + q_row // keys_per_tile, q_row % keys_per_tile, 16 * s + 8 * (lane // 16))
         row_a = 16 * warp + g  # this lane's two rows
         row_b = row_a + 8
-        pos_a = tile_positions[tile, row_a // group] if row_a < used_rows else -1  # -1: a padding row, no key
-        pos_b = tile_positions[tile, row_b // group] if row_b < used_rows else -1
+        pos_a = tile_positions[tile, row_a // group] if row_a < used_rows else np.int32(-1)  # -1: a padding row,
+        pos_b = tile_positions[tile, row_b // group] if row_b < used_rows else np.int32(-1)  # no key
         max_a = minus_inf
         max_b = minus_inf
         sum_a = np.float32(0.0)  # this lane's columns only; the quad's four add up at the end
@@ -239,23 +277,26 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             for e in range(4):
                 acc[j, e] = np.float32(0.0)
 
-        for key_tile in range(num_key_tiles):
-            key_start = key_tile * keys_per_tile
+        # Tile t (keys from key_start) sits in slabs k_slab (K) and k_slab + 1 (V), k_slab = 2 (t % 2) pipelined:
+        # both counters, in int32, stepped each tile (a tile index's signed 64-bit modulo and product cost more).
+        key_start = np.int32(0)
+        next_tile_below = np.int32(key_len - keys_per_tile)  # key_start below it: a tile follows (int32 compares)
+        k_slab = 0
+        while key_start < key_len:
             # 1. the tile's K and V rows as bf16 in shared memory (zeros past key_len)
             if pipelined:
                 wait_landed()       # this thread's copies of the tile (the only group in flight) have landed
                 cuda.syncthreads()  # everyone's have; and every warp is done with the other stage (tile - 1, or Q)
-                if key_tile + 1 < num_key_tiles:  # the next tile into the other stage, landing during this one
-                    load_kv_tile(k_rows, v_rows, block_tables, seq, key_start + keys_per_tile, key_len, column, tid,
-                                 kv, (key_tile + 1) % 2)
+                if key_start < next_tile_below:  # the next tile into the other stage, landing during this one
+                    load_kv_tile(k_flat, v_flat, table, row_len, key_start + keys_per_tile, key_len, column, tid,
+                                 kv, 2 - k_slab, copy_row, copy_col, source_col)
                 cp_async_commit()  # (an empty group after the last: the wait's count stays the same)
-                k_slab = 2 * (key_tile % 2)
             else:
-                load_kv_tile(k_rows, v_rows, block_tables, seq, key_start, key_len, column, tid, kv, 0)
+                load_kv_tile(k_flat, v_flat, table, row_len, key_start, key_len, column, tid, kv, 0,
+                             copy_row, copy_col, source_col)
                 cp_async_commit()
                 wait_landed()
                 cuda.syncthreads()
-                k_slab = 0
             v_slab = k_slab + 1
             # 2. S = Q K^T for this warp's 16 rows: 8-key tiles n, k steps over head_dim
             for n in range(key_tiles):
@@ -275,16 +316,18 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             # 3. causal mask, the rows' new max (the lane's columns, then its quad), P = exp(S - m)
             tile_max_a = minus_inf
             tile_max_b = minus_inf
-            if mask_all_tiles or key_start + keys_per_tile - 1 > min(pos_a, pos_b):  # (padding rows: pos -1)
+            if mask_all_tiles or key_start + (keys_per_tile - 1) > min(pos_a, pos_b):  # (padding rows: pos -1)
+                # key key_start + 8 n + 2 quad (+ 1) is past a row's position where 8 n (+ 1) is past its reach
+                reach_a = np.int32(pos_a - key_start - 2 * quad)
+                reach_b = np.int32(pos_b - key_start - 2 * quad)
                 for n in range(key_tiles):
-                    key = key_start + 8 * n + 2 * quad
-                    if key > pos_a:
+                    if 8 * n > reach_a:
                         scores[n, 0] = minus_inf
-                    if key + 1 > pos_a:
+                    if 8 * n + 1 > reach_a:
                         scores[n, 1] = minus_inf
-                    if key > pos_b:
+                    if 8 * n > reach_b:
                         scores[n, 2] = minus_inf
-                    if key + 1 > pos_b:
+                    if 8 * n + 1 > reach_b:
                         scores[n, 3] = minus_inf
             # (else every key of the tile is at or before both rows' positions, so before key_len: none masked)
             for n in range(key_tiles):
@@ -330,8 +373,11 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                     acc[2 * s + 1, 0], acc[2 * s + 1, 1], acc[2 * s + 1, 2], acc[2 * s + 1, 3] = mma_bf16_m16n8k16(
                         a0, a1, a2, a3, b2, b3, acc[2 * s + 1, 0], acc[2 * s + 1, 1], acc[2 * s + 1, 2],
                         acc[2 * s + 1, 3])
-            if not pipelined:
+            if pipelined:
+                k_slab = 2 - k_slab
+            else:
                 cuda.syncthreads()  # nobody reloads K and V while another warp still reads them
+            key_start = np.int32(key_start + keys_per_tile)
 
         sum_a += shfl_xor(sum_a, 1)
         sum_a += shfl_xor(sum_a, 2)
@@ -361,7 +407,7 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
                                keys_per_tile: int | None = None, options: TcOptions | None = None):
     """paged_attention_prefill's contract on tensor cores (bf16 q * scale, K, V and P into the mmas, float32
     accumulation and softmax); the pools float32 (rounded to bf16 on the way in) or bf16 bits (copied). head_dim a
-    multiple of 16; the group at most warps x 16 rows. Pass `tiles`
+    multiple of 16; the group at most warps x 16 rows; the pools C-contiguous (read flat). Pass `tiles`
     from build_prefill_tc_tiles (built once per step) to skip rebuilding them; `options` (default TC_OPTIONS,
     read now) picks the kernel's refinements. Returns out."""
     num_tokens, n_heads, head_dim = q.shape
@@ -377,11 +423,14 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
     assert tiles.tokens.shape[1] == queries, (
         f"tiles of {tiles.tokens.shape[1]} queries, prefill_tc wants {queries}: use build_prefill_tc_tiles")
     out = _output(q, out)
+    assert k_pool.is_c_contiguous() and v_pool.is_c_contiguous(), (
+        f"prefill_tc reads the pools as flat arrays: they must be C-contiguous (strides {k_pool.strides}, "
+        f"{v_pool.strides})")
     if tiles.num_tiles > 0:
         options = TC_OPTIONS if options is None else options
         kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile,
                                                    k_pool.dtype == np.uint16, options)
         kernel[(tiles.num_tiles, n_kv_heads), 32 * warps, launch_stream()](
-            q, *_pool_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
-            q_scale(scale, options), out)
+            q, k_pool.reshape(1, k_pool.size), v_pool.reshape(1, v_pool.size), block_tables, tiles.seq, tiles.tokens,
+            tiles.positions, tiles.key_len, q_scale(scale, options), out)
     return out
