@@ -134,21 +134,24 @@ def _rope_qkv_kernel(write_pool: bool):
 
     @jit
     def kernel(qkv, positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping):
-        # tokens over the grid's y, a token's pairs over its x: one division a pair (a flat index over all tokens
-        # took three)
+        # tokens over the grid's y, a token's pairs over its x, in while loops: one division a pair (a flat index
+        # over all tokens took three, and a range() with a runtime step one more for its trip count)
         n_tokens = qkv.shape[0]
         head_dim = q.shape[2]
         n_all_heads = q.shape[1] + 2 * k.shape[1]
         half = head_dim // 2
-        for t in range(cuda.blockIdx.y, n_tokens, cuda.gridDim.y):
+        t = cuda.blockIdx.y
+        while t < n_tokens:
             slot = slot_mapping[t] if write_pool else -1
-            for pair in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, n_all_heads * half,
-                              cuda.gridDim.x * cuda.blockDim.x):
+            pair = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+            while pair < n_all_heads * half:
                 head = pair // half  # q heads, then k heads, then v heads
                 i = pair - head * half
                 x1 = qkv[t, head * head_dim + i]
                 x2 = qkv[t, head * head_dim + i + half]
                 store_qkv_pair(x1, x2, t, head, i, slot, positions, inv_freq, q, k, v, k_pool, v_pool)
+                pair += cuda.gridDim.x * cuda.blockDim.x
+            t += cuda.gridDim.y
 
     return kernel
 
