@@ -238,6 +238,12 @@ def rows_launch(n_rows: int, n_cols: int, threads_per_block: int = 256) -> tuple
     return (max(1, cdiv(n_cols, threads_per_block)), max(1, min(n_rows, 65535))), threads_per_block
 
 
+def flat_rows(*arrays):
+    """Each C-contiguous device array as one row [1, size], for kernels that index an operand flat from a
+    per-thread start (gemm_tc's copies of x and W, prefill_tc's of the KV pools)."""
+    return tuple(a.reshape(1, a.size) for a in arrays)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

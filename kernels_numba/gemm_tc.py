@@ -57,7 +57,7 @@ import numpy as np
 from .activation import silu
 from .bf16 import f32_to_bf16
 from .common import (SHARED_ALIGN, cuda, jit, cdiv, grid_stride_launch, launch_stream, launch_with_shared,
-                     device_empty, rows_launch)
+                     device_empty, flat_rows, rows_launch)
 from .epilogues import FusedOutputs, ResidualEpilogue, SwiGLUEpilogue, fused_outputs
 from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, ldmatrix_x4, mma_bf16_m16n8k16, shared_view
 
@@ -181,8 +181,8 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool, swiglu: bool =
     x_rounds, w_rounds = cdiv(x_chunks, threads), cdiv(w_chunks, threads)  # per thread
     assert threads % row_chunks == 0, tile  # so a thread copies the same column of every row it copies
     rows_per_round = threads // row_chunks
-    # SwiGLU: a thread's W rows alternate gate / up by the parity of its tile row, the same in every round (rows_per_round
-    # is even), so each round steps half as many rows of its half of W
+    # SwiGLU: a thread's W rows alternate gate / up by the parity of its tile row, the same in every round
+    # (rows_per_round is even), so each round steps half as many rows of its half of W
     assert not swiglu or rows_per_round % 2 == 0, tile
     w_rows_per_round = rows_per_round // 2 if swiglu else rows_per_round
     padded_k = bk + ROW_PAD
@@ -391,11 +391,6 @@ def to_bf16_rows(x, out=None):
     return out
 
 
-def _flat(*arrays):
-    """Each C-contiguous device array as one row [1, size] (gemm_tc's copies index it flat)."""
-    return tuple(a.reshape(1, a.size) for a in arrays)
-
-
 def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_TILE, splits: int = 1
                   ) -> FusedOutputs:
     """out = bf16(x) @ W.T on tensor cores (x float32 [M, K], rounded to bf16 first, or uint16 bf16 bits);
@@ -431,11 +426,11 @@ def gemm_tc_fused(x, w_bits, epilogue=None, out=None, tile: TileShape = DEFAULT_
     residual_out = result.residual_out if residual else result.out
     if splits == 1:
         launch_with_shared(gemm_tc_kernel(tile, residual, swiglu=swiglu), grid, tile.threads, tile.shared_bytes(),
-                           x_bits, w_bits, *_flat(x_bits, w_bits), result.out, residual_in, residual_out)
+                           x_bits, w_bits, *flat_rows(x_bits, w_bits), result.out, residual_in, residual_out)
         return result
     partials = device_empty((splits * num_tokens, out_features), np.float32)
     launch_with_shared(gemm_tc_kernel(tile, split=True), grid + (splits,), tile.threads, tile.shared_bytes(),
-                       x_bits, w_bits, *_flat(x_bits, w_bits), partials, partials, partials)
+                       x_bits, w_bits, *flat_rows(x_bits, w_bits), partials, partials, partials)
     blocks, threads = grid_stride_launch(num_tokens * out_features, SUM_THREADS)
     sum_splits_kernel(residual)[blocks, threads, launch_stream()](partials, splits, result.out, residual_in,
                                                                   residual_out)

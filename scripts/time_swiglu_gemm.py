@@ -19,20 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def time_eager(fn, repeats: int) -> float:
-    """ms per call: `repeats` calls launched back to back between two CUDA events (after one untimed call)."""
-    from kernels_numba.common import cuda
-    fn()
-    cuda.synchronize()
-    start, stop = cuda.event(), cuda.event()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / repeats
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1024,4096")
@@ -45,7 +31,7 @@ def main():
     from kernels_numba.common import cuda
     from kernels_numba.epilogues import SwiGLUEpilogue
     from kernels_numba.gemm_tc import gemm_tc, gemm_tc_fused, tile_for
-    from sweep_gemv import time_in_graph
+    from sweep_gemv import time_in_graph, time_launches
     rng = np.random.default_rng(0)
     hidden, inter = args.hidden, args.intermediate
     w_gu = cuda.to_device(rng.integers(0x3C00, 0x3D00, (2 * inter, hidden)).astype(np.uint16))  # bf16 in [1, 2)
@@ -66,7 +52,8 @@ def main():
         unfused()
         cuda.synchronize()
         same = np.array_equal(gated_fused.copy_to_host(), gated_pair.copy_to_host())
-        eager = {name: time_eager(fn, args.repeats) for name, fn in (("fused", fused), ("unfused", unfused))}
+        eager = {name: time_launches(fn, args.repeats) * 1e3
+                 for name, fn in (("fused", fused), ("unfused", unfused))}
         graph = {} if args.eager_only else {name: time_in_graph(lambda i, fn=fn: fn(), args.repeats) * 1e3
                                             for name, fn in (("fused", fused), ("unfused", unfused))}
         tile_name = "x".join(str(v) for v in (tile.block_m, tile.block_n, tile.block_k, tile.warps_m, tile.warps_n,

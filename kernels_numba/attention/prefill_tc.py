@@ -70,7 +70,7 @@ import math
 import numpy as np
 
 from ..bf16 import f32_to_bf16
-from ..common import SHARED_ALIGN, cuda, jit, launch_stream
+from ..common import SHARED_ALIGN, cuda, flat_rows, jit, launch_stream
 from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans,
                    mma_bf16_m16n8k16, pack_bf16x2, pack_f32_bf16x2, shfl_xor)
 from .paged_kv import _check_pool, _output
@@ -431,6 +431,6 @@ def paged_attention_prefill_tc(q, k_pool, v_pool, block_tables, query_seq, query
         kernel = paged_attention_prefill_tc_kernel(head_dim, group, block_size, warps, keys_per_tile,
                                                    k_pool.dtype == np.uint16, options)
         kernel[(tiles.num_tiles, n_kv_heads), 32 * warps, launch_stream()](
-            q, k_pool.reshape(1, k_pool.size), v_pool.reshape(1, v_pool.size), block_tables, tiles.seq, tiles.tokens,
-            tiles.positions, tiles.key_len, q_scale(scale, options), out)
+            q, *flat_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
+            q_scale(scale, options), out)
     return out
