@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 import tinyvllm
-from tinyvllm import cli
+from tinyvllm.cli import main as cli
 
 
 async def main() -> None:

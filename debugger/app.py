@@ -18,15 +18,15 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from textual.worker import get_current_worker
 
-from .messages import FeedChanged, RunFinished, RunProgress, SessionUpdated
-from .session import (BREAKPOINT_HELP, ArrivalRecord, Breakpoint, RunResult, Session, SessionView, StageRecord,
+from debugger.messages import FeedChanged, RunFinished, RunProgress, SessionUpdated
+from debugger.session import (BREAKPOINT_HELP, ArrivalRecord, Breakpoint, RunResult, Session, SessionView, StageRecord,
                       StepRecord)
-from .widgets.block_table_panel import BlockTablePanel
-from .widgets.golden_diff import GoldenDiffPanel
-from .widgets.help_screen import HelpScreen, TextScreen
-from .widgets.scheduler_panel import SchedulerPanel
-from .widgets.tensor_inspector import TensorInspector
-from .widgets.timeline import TimelinePanel
+from debugger.widgets.block_table_panel import BlockTablePanel
+from debugger.widgets.golden_diff import GoldenDiffPanel
+from debugger.widgets.help_screen import HelpScreen, TextScreen
+from debugger.widgets.scheduler_panel import SchedulerPanel
+from debugger.widgets.tensor_inspector import TensorInspector
+from debugger.widgets.timeline import TimelinePanel
 
 Job = Callable[[Session, Callable[[], bool], Callable], object]
 

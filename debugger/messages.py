@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from .session import SessionView
+from debugger.session import SessionView
 
 
 @dataclass

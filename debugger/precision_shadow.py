@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyvllm.engine import LLMEngine
+from tinyvllm.engine.engine import LLMEngine
 from tinyvllm.errors import TinyVLLMError
 
-from .rows import as_rows
+from debugger.rows import as_rows
 
 
 def other_precision(precision: str) -> str:

@@ -17,11 +17,11 @@ SERVE_OUT = DOCS / "serve-debug.svg"
 
 
 async def take(out: Path, size=(160, 48)) -> None:
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 
-    from .app import DebuggerApp
-    from .session import Session
+    from debugger.app import DebuggerApp
+    from debugger.session import Session
     engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda message: None)
     app = DebuggerApp(Session(engine, Goldens.load(DEFAULT_GOLDENS)))
     async with app.run_test(size=size) as pilot:
@@ -38,11 +38,11 @@ async def take_serving(out: Path, size=(160, 48)) -> None:
 
     import httpx
 
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.serving.cli import listen
-    from tinyvllm.serving.debug_mode import ServerThread, serving_session
+    from debugger.serve_debug import ServerThread, serving_session
 
-    from .app import DebuggerApp
+    from debugger.app import DebuggerApp
     engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda message: None)
     session, feed = serving_session(engine, None)
     server = ServerThread(feed, listen("127.0.0.1", 0), "tinyvllm-demo")

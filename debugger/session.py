@@ -29,12 +29,12 @@ from typing import Callable
 
 import numpy as np
 
-from tinyvllm.engine import LLMEngine
+from tinyvllm.engine.engine import LLMEngine
 from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, StageResult, compare_scheduled_rows
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.engine.sampling_params import SamplingParams
 
-from .precision_shadow import PrecisionDiff, PrecisionShadow
-from .rows import as_rows
+from debugger.precision_shadow import PrecisionDiff, PrecisionShadow
+from debugger.rows import as_rows
 
 LAYER_STAGES = ("input_norm", "q", "k", "v", "attn", "o_proj", "attn_residual", "post_norm", "mlp", "output")
 

@@ -3,7 +3,7 @@
     out[m, n] = sum_k bf16(x[m, k]) * bf16(w[n, k])        x [M, K], w_bits u16 [N, K], out f32 [M, N]
 
 Activations enter as a bf16 buffer (uint16 [M, K]): the mma takes bf16 (the fast precision,
-tinyvllm/kernel_plan.py, feeds down_proj the SwiGLU gate's output as bf16 directly: this GEMM's SwiGLU epilogue
+tinyvllm/runner/kernel_plan.py, feeds down_proj the SwiGLU gate's output as bf16 directly: this GEMM's SwiGLU epilogue
 below, or activation.silu_mul_gate_up(bf16=True)).
 `gemm_tc` also takes float32 x and rounds it to bf16 (nearest even) in one launch first (`to_bf16_rows`, 6 bytes
 a value of extra traffic: ~1 % of a prefill-size GEMM's time); weights are read as stored.

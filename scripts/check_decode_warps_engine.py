@@ -25,11 +25,11 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
     import kernels_numba.attention.decode_warps as decode_warps
-    import tinyvllm.model_runner as model_runner
-    from tinyvllm.engine import EngineConfig, LLMEngine
-    from tinyvllm.kernel_plan import resolve_precision
-    from tinyvllm.model import load_model
-    from tinyvllm.sampling_params import SamplingParams
+    import tinyvllm.runner.model_runner as model_runner
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.runner.kernel_plan import resolve_precision
+    from tinyvllm.model.loader import load_model
+    from tinyvllm.engine.sampling_params import SamplingParams
     model = load_model(Path(args.model_dir), log=print)
     config = EngineConfig(max_num_seqs=max(args.batch, 8), max_model_len=1024, num_blocks=args.batch * 48 + 64,
                           precision=resolve_precision("auto", model.weights.embed_tokens.dtype))

@@ -50,10 +50,10 @@ def main() -> int:
         print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
     from kernels_numba.common import SIMULATOR, cuda
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.evaluation.backends import EngineBackend
     from tinyvllm.evaluation.runner import EvalConfig, prepare_task, run_task, select
-    from tinyvllm.model import load_model
+    from tinyvllm.model.loader import load_model
 
     model = load_model(args.model, log=log)
     tokenizer = model.tokenizer

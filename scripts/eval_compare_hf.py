@@ -51,12 +51,12 @@ def main() -> int:
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.evaluation.backends import EngineBackend
     from tinyvllm.evaluation.compare import compare_runs, format_comparison
     from tinyvllm.evaluation.hf_scoring import HFBackend, load_hf_model
     from tinyvllm.evaluation.runner import EvalConfig, prepare_task, run_task, select
-    from tinyvllm.model import load_model
+    from tinyvllm.model.loader import load_model
 
     model = load_model(args.model, log=log)
     engine = LLMEngine(model, EngineConfig(max_num_seqs=args.max_num_seqs,

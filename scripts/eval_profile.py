@@ -121,11 +121,11 @@ class PhaseTimer:
 
 def install_timers(timer: PhaseTimer) -> None:
     """Wrap the engine's phases (class attributes: every engine made afterwards is timed)."""
-    from tinyvllm import engine as engine_module
+    from tinyvllm.engine import engine as engine_module
     from tinyvllm.evaluation import backends, runner
-    from tinyvllm.logprobs import LogitsPlan
-    from tinyvllm.model_runner import ModelRunner
-    from tinyvllm.scheduler import Scheduler
+    from tinyvllm.runner.logprobs import LogitsPlan
+    from tinyvllm.runner.model_runner import ModelRunner
+    from tinyvllm.engine.scheduler import Scheduler
     LLMEngine = engine_module.LLMEngine
     timer.wrap(runner, "prepare_task", "tokenize")
     timer.wrap(runner, "continuation_ids", "tokenize")
@@ -148,8 +148,9 @@ def stub_kernels(vocab_size: int) -> None:
     """Replace the forward pass and the sampling / logprob kernels with numpy on random logits (host-side
     profiling in the simulator, where the kernels would take all the time)."""
     from kernels_numba.common import cuda
-    from tinyvllm import engine as engine_module, logprobs as logprobs_module
-    from tinyvllm.model_runner import ModelRunner
+    from tinyvllm.engine import engine as engine_module
+    from tinyvllm.runner import logprobs as logprobs_module
+    from tinyvllm.runner.model_runner import ModelRunner
     rng = np.random.default_rng(0)
 
     def forward_stages(self, batch, all_logits=False, synchronize=True):
@@ -185,7 +186,7 @@ def stub_kernels(vocab_size: int) -> None:
 
 
 def run_once(model, tokenizer, limit: int, max_num_seqs: int, max_tokens: int, args, timer: PhaseTimer | None):
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.evaluation.backends import EngineBackend
     from tinyvllm.evaluation.runner import EvalConfig, prepare_task, run_task, select
     engine = LLMEngine(model, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens,
@@ -247,7 +248,7 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "out" / "eval-profile"))
     args = p.parse_args()
     from kernels_numba.common import SIMULATOR, cuda
-    from tinyvllm.model import load_model
+    from tinyvllm.model.loader import load_model
     model = load_model(args.model, log=lambda m: None)
     if args.stub_kernels:
         stub_kernels(model.config.vocab_size)

@@ -4,7 +4,7 @@ bf16's own distance from HF float32, stage by stage and in greedy tokens. On a G
     python scripts/fast_path_compare.py --model random-1b [--model-dir /tmp/llama-1b-random]
     python scripts/fast_path_compare.py --model DIR_OR_GGUF       # e.g. SmolLM2: a .gguf is converted first
                                         [--new-tokens 32] [--long-prompt 512] [--out DIR] [--hf-device cuda]
-    NUMBA_ENABLE_CUDASIM=1 python scripts/fast_path_compare.py --model tinyvllm/demo_model --hf-device cpu \
+    NUMBA_ENABLE_CUDASIM=1 python scripts/fast_path_compare.py --model tinyvllm/model/demo_model --hf-device cpu \
         --new-tokens 3 --long-prompt 0                            # a slow dry run of the script itself
     python scripts/fast_path_compare.py --recheck REPORT.json[.gz]  # today's rules on an earlier run's numbers
 
@@ -66,7 +66,7 @@ def prompts_for(model_dir: Path, vocab_size: int, random_ids: bool, long_prompt:
     rng = np.random.default_rng(0)
     if random_ids:
         return [rng.integers(0, vocab_size, n).tolist() for n in (*RANDOM_LENGTHS, long_prompt) if n]
-    from tinyvllm.tokenizer import Tokenizer
+    from tinyvllm.model.tokenizer import Tokenizer
     tok = Tokenizer.from_model_dir(model_dir)
     prompts = [tok.encode_chat(p) for p in CHAT_PROMPTS]
     long = tok.encode(LONG_TEXT * (long_prompt // 20 + 1))[:long_prompt]
@@ -92,7 +92,7 @@ def hf_greedy_with_margins(model, ids: list[int], n: int) -> tuple[list[int], li
 def engine_first_step(engine, prompts: list[list[int]]) -> tuple[list[dict[str, np.ndarray]], dict[str, str]]:
     """Queue every prompt, step the first step (all of them prefilled together) stage by stage: each prompt's rows of
     every stage, and each stage's kernel."""
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     requests = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)) for p in prompts]
     stages, rows = engine.step_stages(all_logits=True), [{} for _ in prompts]
     kernels = {}
@@ -234,10 +234,10 @@ def main() -> int:
 
     random_ids = args.model == "random-1b"
     if random_ids:
-        from tinyvllm.bench.random_1b import prepare_random_model
+        from tinyvllm.model.random_1b import prepare_random_model
         model_dir, name = prepare_random_model(Path(args.model_dir), log=log), "random-1b"
     elif Path(args.model).suffix == ".gguf":
-        from tinyvllm.gguf_import.convert import convert
+        from tinyvllm.model.gguf.convert import convert
         model_dir = Path(args.model).with_suffix("")
         model_dir = model_dir.parent / (model_dir.name + "-hf")
         if not (model_dir / "model.safetensors").is_file():
@@ -245,7 +245,7 @@ def main() -> int:
         name = Path(args.model).stem
     else:
         model_dir, name = Path(args.model), Path(args.model).name
-    from tinyvllm.config import ModelConfig
+    from tinyvllm.model.config import ModelConfig
     config = ModelConfig.from_model_dir(model_dir)
     prompts = prompts_for(model_dir, config.vocab_size, random_ids, args.long_prompt)
     log(f"{name}: prompts of {[len(p) for p in prompts]} tokens")
@@ -265,8 +265,8 @@ def main() -> int:
         torch.cuda.empty_cache()
     log("HF float32 and bf16: stages and greedy tokens captured")
 
-    from tinyvllm.engine import EngineConfig, LLMEngine
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.sampling_params import SamplingParams
     engine = LLMEngine(model_dir, EngineConfig(precision="fast", num_blocks=512, max_model_len=2048,
                                                max_num_batched_tokens=4096, enable_prefix_caching=False), log=log)
     assert engine.precision == "fast", engine.precision

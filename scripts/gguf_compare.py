@@ -132,7 +132,7 @@ def main() -> int:
         return result
 
     from kernels_numba.rope import rope_inv_freq
-    from tinyvllm.gguf_import import GGUFModelFiles
+    from tinyvllm.model.gguf import GGUFModelFiles
     from tinyvllm.golden_check import DEFAULT_RTOL, compare_stage
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     files = timed("tinyvllm: read the GGUF metadata", lambda: GGUFModelFiles.read(gguf_file))
@@ -231,9 +231,9 @@ def engine_check(gguf_file, prompt_ids, hf, hf_stages, hf_greedy, rtol, args) ->
     """The three passes of scripts/gpu_compare.py, on the GGUF loaded by tinyvllm."""
     from gpu_compare import check_first_decode_step
     from goldens.hf_reference import capture_stages
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.golden_check import Goldens, check_goldens
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     goldens = Goldens(Path("hf-live"), {"source": "HF transformers live, from the GGUF"}, [
         {"input_ids": np.array(ids, np.int32), **stages, "greedy_ids": np.array(greedy, np.int32)}
         for ids, stages, greedy in zip(prompt_ids, hf_stages, hf_greedy)])

@@ -1,6 +1,6 @@
 """Full-size check on a GPU: tinyvllm vs HF transformers, stage by stage, on the exact Llama-3.2-1B shape.
 
-Writes a model directory of seeded random BF16 weights (tinyvllm.random_model), runs HF transformers
+Writes a model directory of seeded random BF16 weights (tinyvllm.model.random_model), runs HF transformers
 (float32 compute on the same bf16 weights, same GPU) to capture every stage and a greedy continuation,
 then drives tinyvllm's stepping forward pass over the same prompts and compares, three ways: the prompts
 prefilled in one step, each prompt prefilled alone, and each prompt's first decode step (one token at
@@ -56,11 +56,11 @@ def main() -> int:
         from tests.llama3_vocab import write_llama3_tokenizer_files
         timed("build the Llama 3 tokenizer from llama-models", lambda: write_llama3_tokenizer_files(model_dir))
     if not (model_dir / "model.safetensors").is_file():
-        from tinyvllm.random_model import write_random_model
+        from tinyvllm.model.random_model import write_random_model
         timed(f"write random Llama-3.2-1B-shaped {args.dtype} weights",
               lambda: write_random_model(model_dir, seed=0, dtype=args.dtype))
 
-    from tinyvllm.tokenizer import Tokenizer
+    from tinyvllm.model.tokenizer import Tokenizer
     tok = Tokenizer.from_model_dir(model_dir)
     prompt_ids = [tok.encode_chat(p, date_string="26 Jul 2024") if isinstance(p, list) else tok.encode(p)
                   for p in PROMPTS]
@@ -79,7 +79,7 @@ def main() -> int:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, check_goldens
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     # HF's captures become an in-memory golden file: the same checker as `tinyvllm check-goldens`.
@@ -90,7 +90,7 @@ def main() -> int:
     engine = timed("tinyvllm load + upload", lambda: LLMEngine(model_dir, EngineConfig(
         num_blocks=256, max_model_len=1024, max_num_batched_tokens=2048, enable_prefix_caching=False,
         precision="fp32")))  # HF float32 is the reference: the fp32 path
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     timed("tinyvllm warm-up (numba compile)", lambda: engine.generate(
         [prompt_ids[0], prompt_ids[1][:3]], SamplingParams(temperature=0.0, max_tokens=2)))
     report = timed(f"tinyvllm check: stages of {len(PROMPTS)} prompts + greedy {args.new_tokens} tokens",
@@ -149,7 +149,7 @@ def check_first_decode_step(engine, goldens, rtol: float) -> list[tuple[list, ob
     last position. Returns (stage results, GreedyResult of the first token) per prompt; a first token that
     differs from HF's makes the decode comparison moot, and fails it."""
     from tinyvllm.golden_check import GreedyResult, compare_scheduled_rows
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     results = []
     for p, golden in enumerate(goldens.prompts):
         ids = golden["input_ids"].tolist()

@@ -22,8 +22,8 @@ def main():
     parser.add_argument("--batches", default="1,16,64")
     args = parser.parse_args()
     from kernels_numba.common import cuda
-    from tinyvllm.engine import EngineConfig, LLMEngine
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.sampling_params import SamplingParams
     batches = [int(b) for b in args.batches.split(",")]
     blocks_per_seq = (args.prompt_len + 3 * args.steps + 16) // 16 + 1
     engine = LLMEngine(args.model_dir, EngineConfig(num_blocks=max(batches) * blocks_per_seq + 64, max_model_len=max(1024, 16 * blocks_per_seq),

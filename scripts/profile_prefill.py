@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def one_step(engine, tokens: int, rng, synchronize: bool):
     from kernels_numba.common import cuda
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     ids = rng.integers(1, min(engine.model.config.vocab_size, 20000), tokens).tolist()
     engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     stages = []
@@ -45,7 +45,7 @@ def main():
     parser.add_argument("--precision", default="fast")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     sizes = [int(t) for t in args.tokens.split(",")]
     engine = LLMEngine(args.model_dir, EngineConfig(precision=args.precision, max_model_len=max(sizes) + 8,
                                                     max_num_batched_tokens=max(sizes), max_num_seqs=4,

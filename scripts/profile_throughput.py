@@ -35,11 +35,11 @@ def main() -> int:
     from kernels_numba.common import cuda
     from tinyvllm.bench.config import BenchConfig
     from tinyvllm.bench.engine_runs import EngineFactory, drive_engine, warm_up
-    from tinyvllm.bench.random_1b import prepare_random_model
+    from tinyvllm.model.random_1b import prepare_random_model
     from tinyvllm.bench.workloads import Workloads
-    from tinyvllm.engine import EngineConfig
-    from tinyvllm.kernel_plan import resolve_precision
-    from tinyvllm.model import load_model
+    from tinyvllm.engine.engine import EngineConfig
+    from tinyvllm.runner.kernel_plan import resolve_precision
+    from tinyvllm.model.loader import load_model
 
     def log(message):
         print(message, file=sys.stderr, flush=True)

@@ -50,10 +50,10 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=4097)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
-    from tinyvllm.engine import EngineConfig, LLMEngine
-    from tinyvllm.kernel_plan import resolve_precision
-    from tinyvllm.model import load_model
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.runner.kernel_plan import resolve_precision
+    from tinyvllm.model.loader import load_model
+    from tinyvllm.engine.sampling_params import SamplingParams
     model = load_model(Path(args.model_dir), log=print)
     config = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192,  # the bench's defaults: one prefill step
                           max_model_len=min(args.max_model_len, model.config.max_position_embeddings),

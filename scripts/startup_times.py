@@ -32,8 +32,8 @@ PROMPT = "The sun rose over the town"
 def child(args) -> int:
     """Run `generate` in this process and print when its first token came (seconds since args.t0)."""
     sys.path.insert(0, str(REPO))
-    from tinyvllm import engine as engine_module
-    from tinyvllm.cli import main
+    from tinyvllm.engine import engine as engine_module
+    from tinyvllm.cli.main import main
     imported = time.time()
     first_token = []
     step = engine_module.LLMEngine.step

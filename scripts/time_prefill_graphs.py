@@ -1,4 +1,4 @@
-"""Prefill steps eagerly vs replayed from their CUDA graph (tinyvllm/prefill_graphs.py), on one engine.
+"""Prefill steps eagerly vs replayed from their CUDA graph (tinyvllm/runner/prefill_graphs.py), on one engine.
 
     python scripts/time_prefill_graphs.py [--model-dir /tmp/llama-1b-random] [--tokens 128,1024,4096] [--precision fast]
     (--model-dir demo: the demo model, e.g. a smoke run in the simulator with --tokens 12,16)
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def prompt_batch(engine, lengths, rng, first_block: int):
     """A ForwardBatch of whole prompts of `lengths` tokens on blocks from first_block on, every prompt sampling."""
-    from tinyvllm.model_runner import ForwardBatch
+    from tinyvllm.runner.model_runner import ForwardBatch
     bs = engine.block_manager.block_size
     ids, positions, query_seq, slots, rows, tables = [], [], [], [], [], []
     block = first_block
@@ -57,7 +57,7 @@ def check_logits(engine, lengths, rng) -> tuple[float, bool, int]:
 def timed_step(engine, tokens: int, rng) -> tuple[float, float]:
     """(wall seconds, GPU seconds by events) of the engine step that prefills a T-token prompt."""
     from kernels_numba.common import cuda
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     ids = rng.integers(1, min(engine.model.config.vocab_size, 20000), tokens).tolist()
     engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     cuda.synchronize()
@@ -96,7 +96,7 @@ def main():
     parser.add_argument("--precision", default="fast")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     sizes = [int(t) for t in args.tokens.split(",")]
     model_dir = None if args.model_dir == "demo" else Path(args.model_dir)
     if model_dir is not None and not (model_dir / "config.json").is_file():

@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from tinyvllm.gguf_import.checkpoint import gguf_tensor_name, permute_rope_rows
+from tinyvllm.model.gguf.checkpoint import gguf_tensor_name, permute_rope_rows
 
 QK_K = 256
 F16_ROUNDING = 2.0**-11  # relative error of rounding to float16 (10 stored mantissa bits, nearest)
@@ -230,7 +230,7 @@ def write_llama_gguf(path: Path, config: dict, weights: dict[str, np.ndarray], t
     writer.write_tensors_to_file()
     writer.close()
     # bounds were computed on the stored (permuted) rows: put them in HF row order too
-    from tinyvllm.gguf_import.checkpoint import unpermute_rope_rows
+    from tinyvllm.model.gguf.checkpoint import unpermute_rope_rows
     for hf_name in bounds:
         if hf_name.endswith("q_proj.weight"):
             bounds[hf_name] = unpermute_rope_rows(np.asarray(bounds[hf_name]), heads)

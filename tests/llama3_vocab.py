@@ -115,7 +115,7 @@ def build_llama3_tokenizer_json(out_path) -> Path:
 def write_llama3_tokenizer_files(model_dir) -> Path:
     """tokenizer.json built from Meta's file, and the Instruct model's tokenizer_config.json essentials
     (bos, eos, chat template), written into model_dir."""
-    from tinyvllm.chat_template import LLAMA32_CHAT_TEMPLATE
+    from tinyvllm.model.chat_template import LLAMA32_CHAT_TEMPLATE
 
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)

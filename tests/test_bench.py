@@ -14,10 +14,10 @@ from safetensors import safe_open
 
 from tinyvllm import bench
 from tinyvllm.bench import BenchConfig, Workloads
-from tinyvllm.cli import _parser, main
-from tinyvllm.demo import DEMO_MODEL_DIR
-from tinyvllm.engine import EngineConfig, LLMEngine
-from tinyvllm.model import load_model
+from tinyvllm.cli.main import _parser, main
+from tinyvllm.model.demo import DEMO_MODEL_DIR
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.model.loader import load_model
 from tests.references import require
 
 # 3 requests of 4-8 prompt tokens and 2-3 new tokens: the simulator does about one engine step a second.
@@ -82,7 +82,7 @@ def test_weight_bytes_are_the_checkpoint_tensors_once_each():
     with safe_open(str(DEMO_MODEL_DIR / "model.safetensors"), "np") as f:
         # bf16 on the device: 2 bytes per element of every stored tensor (the demo ties lm_head, stores it once)
         expected = sum(2 * math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-    from tinyvllm.config import ModelConfig
+    from tinyvllm.model.config import ModelConfig
     assert bench.weight_bytes(ModelConfig.from_model_dir(DEMO_MODEL_DIR)) == expected
 
 
@@ -236,8 +236,8 @@ def test_hf_only_runs_just_the_hf_side_and_needs_compare(capsys, tmp_path):
 
 
 def test_random_model_dir_is_written_once_with_a_tokenizer_for_its_vocabulary(tmp_path):
-    from tinyvllm.model import load_model
-    from tinyvllm.random_model import LLAMA_3_2_1B_CONFIG
+    from tinyvllm.model.loader import load_model
+    from tinyvllm.model.random_model import LLAMA_3_2_1B_CONFIG
     tiny = dict(LLAMA_3_2_1B_CONFIG, vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     bench.prepare_random_model(tmp_path, tiny, log=lambda message: None)

@@ -6,9 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from tinyvllm import block_manager as bm_module
-from tinyvllm.block_manager import BlockManager
-from tinyvllm.sequence import Sequence, SequenceStatus
+from tinyvllm.engine import block_manager as bm_module
+from tinyvllm.engine.block_manager import BlockManager
+from tinyvllm.engine.sequence import Sequence, SequenceStatus
 
 
 def seq_of(seq_id, token_ids, max_tokens=4):

@@ -8,8 +8,8 @@ import pytest
 
 from tests.hf_chat_ids import CONVERSATIONS, assert_runs_hf_chat_ids, hf_text_ids
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.cli import main
-from tinyvllm.engine import LLMEngine
+from tinyvllm.cli.main import main
+from tinyvllm.engine.engine import LLMEngine
 
 ONE_TOKEN = SamplingParams(max_tokens=1)
 TEXT = "The sun rose"

@@ -3,7 +3,7 @@ from datetime import datetime
 
 import pytest
 
-from tinyvllm.chat_template import LLAMA32_CHAT_TEMPLATE, render_chat_template
+from tinyvllm.model.chat_template import LLAMA32_CHAT_TEMPLATE, render_chat_template
 from tinyvllm.errors import TinyVLLMError
 
 BOS, EOS = "<|begin_of_text|>", "<|eot_id|>"

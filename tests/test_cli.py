@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tinyvllm.cli import _parser, main
+from tinyvllm.cli.main import _parser, main
 
 def run(capsys, *argv):
     code = main(list(argv))
@@ -184,8 +184,8 @@ def test_a_failure_inside_the_debugger_exits_non_zero_with_one_line(capsys, monk
 
 def test_use_generation_config_takes_the_models_settings(capsys):
     # The demo's generation_config.json samples (temperature 0.6, top_p 0.9); an explicit flag still wins.
-    from tinyvllm import cli
-    from tinyvllm.cli import _parser
+    from tinyvllm.cli import main as cli
+    from tinyvllm.cli.main import _parser
     args = _parser().parse_args(["generate", "--prompt", "x", "--use-generation-config", "--top-p", "0.5"])
     params = cli._sampling_params(args, {}, "test")
     assert params.temperature == pytest.approx(0.6) and params.top_p == 0.5

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tinyvllm.config import GenerationDefaults, ModelConfig
+from tinyvllm.model.config import GenerationDefaults, ModelConfig
 from tinyvllm.errors import ModelLoadError, TinyVLLMError
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

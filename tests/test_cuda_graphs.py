@@ -11,11 +11,11 @@ import pytest
 from kernels_numba.common import BufferArena, device_empty, launching_into
 from kernels_numba.embedding import FED_BACK
 from kernels_numba.sampling import argmax_ref
-from tinyvllm.cuda_graphs import CapturedDecode, buckets_up_to
-from tinyvllm.engine import EngineConfig, LLMEngine
-from tinyvllm.model import load_model
-from tinyvllm.model_runner import ForwardBatch
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.runner.cuda_graphs import CapturedDecode, buckets_up_to
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.model.loader import load_model
+from tinyvllm.runner.model_runner import ForwardBatch
+from tinyvllm.engine.sampling_params import SamplingParams
 
 PROMPTS = ["The sun rose", "A small dog ran along the river", "Water"]
 

@@ -11,10 +11,10 @@ from debugger.app import DebuggerApp
 from debugger.session import Session, stage_names
 from debugger.widgets.help_screen import HelpScreen
 from kernels_numba.bf16 import bf16_to_f32_ref
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
-from tinyvllm.model import default_model_dir, load_model
-from tinyvllm.weights import load_weights
+from tinyvllm.model.loader import default_model_dir, load_model
+from tinyvllm.model.weights import load_weights
 
 PROMPT = [384, 341, 265, 84, 77, 220, 81, 90]   # 8 tokens: two full blocks of 4
 
@@ -110,7 +110,7 @@ def test_a_block_table_after_two_requests_share_a_prefix():
 
 
 def test_a_corrupted_weight_makes_the_golden_panel_flag_the_first_failing_stage(monkeypatch):
-    import tinyvllm.model as model_module
+    import tinyvllm.model.loader as model_module
 
     def corrupted_load(model_dir, config, **kwargs):
         weights = load_weights(model_dir, config, **kwargs)

@@ -8,8 +8,8 @@ from debugger.session import Session, SessionOptions, StageRecord, StepRecord, a
 from kernels_numba.common import SIMULATOR
 from tests.test_debugger_app import drive, press, shown
 from tests.test_precision import BF16_ROUNDING, _roundings_upstream
-from tinyvllm.cli import _parser, debug_app
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.cli.main import _parser, debug_app
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 
 # Before the first bf16 rounding both engines compute in float32: the same kernels in the simulator (difference 0);
@@ -104,7 +104,7 @@ def test_the_panels_show_the_comparison_line():
 
 
 def test_replay_with_compare_precision_gets_one_line(capsys):
-    from tinyvllm.cli import main
+    from tinyvllm.cli.main import main
     assert main(["debug", "--replay", "session.jsonl", "--compare-precision"]) == 1
     err = capsys.readouterr().err
     assert "--compare-precision steps the debugger's own requests; it does not combine with --replay" in err

@@ -6,10 +6,10 @@ import pytest
 
 from debugger.session import Breakpoint, Session, StageRecord, StepRecord, TensorStats, stage_names
 from kernels_numba.bf16 import bf16_to_f32_ref
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
-from tinyvllm.model import default_model_dir, load_model
-from tinyvllm.weights import load_weights
+from tinyvllm.model.loader import default_model_dir, load_model
+from tinyvllm.model.weights import load_weights
 
 PROMPT = [384, 341, 265, 84, 77, 220, 81]   # 7 tokens: two blocks of 4, the second partly filled
 

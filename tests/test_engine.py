@@ -6,10 +6,10 @@ running each request alone: the scheduler may only change *when* tokens are comp
 import numpy as np
 import pytest
 
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.model import load_model
-from tinyvllm.sampling_params import InvalidSamplingParams, SamplingParams
+from tinyvllm.model.loader import load_model
+from tinyvllm.engine.sampling_params import InvalidSamplingParams, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 PROMPTS = ["The sun rose", "A small dog ran along the river", "Water", "The old library had"]

@@ -9,10 +9,10 @@ logprobs gives errors of 1e-1 or more.
 import numpy as np
 import pytest
 
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
-from tinyvllm.model import load_model
-from tinyvllm.sampling_params import InvalidSamplingParams, SamplingParams
+from tinyvllm.model.loader import load_model
+from tinyvllm.engine.sampling_params import InvalidSamplingParams, SamplingParams
 from tests.helpers import hf_log_softmax
 
 ATOL = 1e-4

@@ -11,11 +11,11 @@ import gc
 import numpy as np
 import pytest
 
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.evaluation.backends import EngineBackend, Failure, Generation, GenerationJob, LoglikelihoodJob
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
-from tinyvllm.model import load_model
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.model.loader import load_model
+from tinyvllm.engine.sampling_params import SamplingParams
 from tests.helpers import hf_log_softmax
 
 ATOL = 3e-4

@@ -14,8 +14,8 @@ from tests.references import require
 fastapi = require("fastapi")
 uvicorn = require("uvicorn")
 
-from tinyvllm.cli import main  # noqa: E402
-from tinyvllm.demo import DEMO_MODEL_DIR  # noqa: E402
+from tinyvllm.cli.main import main  # noqa: E402
+from tinyvllm.model.demo import DEMO_MODEL_DIR  # noqa: E402
 from tinyvllm.evaluation.backends import Failure, Generation, GenerationJob, LoglikelihoodJob  # noqa: E402
 from tinyvllm.evaluation.remote import RemoteBackend  # noqa: E402
 
@@ -146,7 +146,7 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def real_server():
     from tests.serving_helpers import start_server
-    from tinyvllm.model import load_model
+    from tinyvllm.model.loader import load_model
     # fp32: the scores are checked against HF float32 goldens (a GPU's default, the fast precision, is bf16)
     running = start_server(load_model(log=lambda m: None), num_blocks=64, block_size=4, precision="fp32")
     yield running
@@ -171,7 +171,7 @@ def test_real_server_scores_match_hf_golden_logits(real_server):
 
 def test_real_server_generation_equals_the_engine_backend(real_server):
     from tinyvllm.evaluation.backends import EngineBackend
-    from tinyvllm.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     job = GenerationJob([384, 71, 72, 73], [{"role": "user", "content": "unused"}], "The best answer is")
     (remote,) = collect(lambda jobs, done: RemoteBackend(f"{real_server.url}/v1").generate(jobs, 3, (".",), done), [job])
     engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4, precision="fp32"), log=lambda m: None)

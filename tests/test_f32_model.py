@@ -10,11 +10,11 @@ import shutil
 import numpy as np
 import pytest
 
-from tinyvllm.demo import DEMO_MODEL_DIR
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.model.demo import DEMO_MODEL_DIR
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens, check_goldens
-from tinyvllm.model import load_model
-from tinyvllm.weights import load_weights
+from tinyvllm.model.loader import load_model
+from tinyvllm.model.weights import load_weights
 
 from tests.references import require
 require("torch")

@@ -499,7 +499,7 @@ def test_the_fast_plan_splits_decode_batches_on_a_gpu(monkeypatch):
     """KernelPlan.project hands gemm_tc split_for's splits on a GPU (here pretended), 1 in the simulator."""
     from types import SimpleNamespace
 
-    import tinyvllm.kernel_plan as kernel_plan
+    import tinyvllm.runner.kernel_plan as kernel_plan
     from kernels_numba.gemm_tc import SMALL_TILE
     calls = []
     monkeypatch.setattr(kernel_plan, "gemm_tc", lambda x, w, tile, splits: calls.append((tile, splits)))
@@ -519,7 +519,7 @@ def test_the_fast_plan_fuses_the_gate_into_gate_up_where_it_runs_in_one_pass(mon
     float32 gate|up then silu_mul_gate_up(bf16=True); the fp32 plan never fuses. The stage record's name says which."""
     from types import SimpleNamespace
 
-    import tinyvllm.kernel_plan as kernel_plan
+    import tinyvllm.runner.kernel_plan as kernel_plan
     calls = []
     monkeypatch.setattr(kernel_plan, "SIMULATOR", False)
     monkeypatch.setattr(kernel_plan, "gemm_tc_fused", lambda x, w, epilogue, tile: calls.append(

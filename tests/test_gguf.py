@@ -1,4 +1,4 @@
-"""GGUF import (tinyvllm/gguf_import) on small files the tests write with gguf's GGUFWriter (tests/gguf_files.py).
+"""GGUF import (tinyvllm/model/gguf) on small files the tests write with gguf's GGUFWriter (tests/gguf_files.py).
 
 Checked against numpy and the tokenizers the files were written from: every supported tensor type within
 its rounding error, llama.cpp's q/k row permutation undone, the config from `llama.*`, both tokenizer
@@ -14,12 +14,12 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kernels_numba.rope import rope_inv_freq, rope_ref
-from tinyvllm.demo import DEMO_MODEL_DIR, PROSE
+from tinyvllm.model.demo import DEMO_MODEL_DIR, PROSE
 from tinyvllm.errors import ModelLoadError
-from tinyvllm.gguf_import import GGUFModelFiles, find_gguf_file
-from tinyvllm.gguf_import.checkpoint import SUPPORTED_TYPES, permute_rope_rows, unpermute_rope_rows
-from tinyvllm.gguf_import.convert import convert
-from tinyvllm.weights import expected_tensor_shapes
+from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
+from tinyvllm.model.gguf.checkpoint import SUPPORTED_TYPES, permute_rope_rows, unpermute_rope_rows
+from tinyvllm.model.gguf.convert import convert
+from tinyvllm.model.weights import expected_tensor_shapes
 from tests.gguf_files import GGUFTokenizer, byte_level_gguf_tokenizer, write_llama_gguf
 from tests.references import require
 
@@ -40,7 +40,7 @@ def _tiny_config(hidden=256, heads=4, kv_heads=2, inter=256, layers=1, vocab=300
 
 
 def _random_weights(rng, config: dict) -> dict[str, np.ndarray]:
-    from tinyvllm.config import ModelConfig
+    from tinyvllm.model.config import ModelConfig
     shapes = expected_tensor_shapes(ModelConfig.from_dict(config))
     return {name: ((1 + 0.1 * rng.standard_normal(shape)) if len(shape) == 1 else rng.standard_normal(shape))
             .astype(np.float32) for name, shape in shapes.items()}
@@ -278,7 +278,7 @@ def test_not_a_gguf_and_ambiguous_directories(tmp_path, rng, byte_level):
 
 
 def test_cli_reports_a_bad_gguf_in_one_line(tmp_path, capsys):
-    from tinyvllm.cli import main
+    from tinyvllm.cli.main import main
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 20)
     assert main(["convert", str(bad), str(tmp_path / "out")]) == 1
@@ -290,9 +290,9 @@ def test_cli_reports_a_bad_gguf_in_one_line(tmp_path, capsys):
 # ---- convert ----
 
 def test_convert_writes_an_hf_directory_that_loads_the_same(tmp_path, rng, byte_level):
-    from tinyvllm.config import GenerationDefaults, ModelConfig
-    from tinyvllm.tokenizer import Tokenizer as OurTokenizer
-    from tinyvllm.weights import load_weights
+    from tinyvllm.model.config import GenerationDefaults, ModelConfig
+    from tinyvllm.model.tokenizer import Tokenizer as OurTokenizer
+    from tinyvllm.model.weights import load_weights
     path, *_ = _write(tmp_path, rng, byte_level[1], "Q4_K")
     out = tmp_path / "hf"
     written = convert(path, out, log=lambda _: None)
@@ -336,8 +336,8 @@ def test_demo_model_as_gguf_is_the_demo_model(tmp_path):
     """The demo model written as a GGUF (F32 and BF16 weights: exact; llama3 RoPE as rope_freqs.weight,
     the Llama 3 byte-level tokenizer as "llama-bpe") loads as the demo model: the same config, equal
     values, the same tokenizer, chat template and bos/eos."""
-    from tinyvllm.config import ModelConfig
-    from tinyvllm.tokenizer import Tokenizer as OurTokenizer
+    from tinyvllm.model.config import ModelConfig
+    from tinyvllm.model.tokenizer import Tokenizer as OurTokenizer
     demo_tokenizer = OurTokenizer.from_model_dir(DEMO_MODEL_DIR)
     demo_config = ModelConfig.from_model_dir(DEMO_MODEL_DIR)
     types = {name: ("BF16" if "mlp" in name else "F32") for name in expected_tensor_shapes(demo_config)}
@@ -368,10 +368,10 @@ def test_demo_gguf_generates_the_demo_greedy_tokens(tmp_path):
     """`generate --model demo.gguf`, in the simulator: the first golden prompt tokenizes to the golden ids
     and its greedy continuation is the golden one (which the demo directory reproduces in
     tests/test_goldens_demo.py): the GGUF path runs the same model."""
-    from tinyvllm.cli import main
+    from tinyvllm.cli.main import main
     from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
     from tinyvllm.llm import LLM
-    from tinyvllm.sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     goldens = Goldens.load(DEFAULT_GOLDENS)
     _demo_as_gguf(tmp_path / "demo.gguf", "F32")
     llm = LLM(str(tmp_path), num_blocks=16, max_num_seqs=1)  # the directory holding one .gguf
@@ -385,8 +385,8 @@ def test_demo_gguf_generates_the_demo_greedy_tokens(tmp_path):
 def test_config_only_commands_take_a_gguf(tmp_path, capsys):
     """`trace --list` and `--use-generation-config` read the config / generation defaults without loading
     weights: from the GGUF metadata too."""
-    from tinyvllm.cli import main
-    from tinyvllm.model import read_generation_defaults, read_model_config
+    from tinyvllm.cli.main import main
+    from tinyvllm.model.loader import read_generation_defaults, read_model_config
     _demo_as_gguf(tmp_path / "demo.gguf", "F32")
     assert main(["trace", "--model", str(tmp_path / "demo.gguf"), "--list"]) == 0
     listed = capsys.readouterr().out.split()

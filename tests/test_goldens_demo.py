@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens, check_goldens
-from tinyvllm.model import load_model
-from tinyvllm.weights import load_weights
+from tinyvllm.model.loader import load_model
+from tinyvllm.model.weights import load_weights
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_fused_norm_layers_match_the_goldens_too(goldens):
 
 def test_a_corrupted_weight_is_caught_at_its_first_stage(goldens, monkeypatch):
     """Flip one layer-1 MLP weight: everything before layers.1.mlp still passes, that stage fails first."""
-    import tinyvllm.model as model_module
+    import tinyvllm.model.loader as model_module
 
     def corrupted_load(model_dir, config, **kwargs):
         weights = load_weights(model_dir, config, **kwargs)

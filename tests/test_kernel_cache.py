@@ -52,8 +52,8 @@ import json
 import numpy as np
 from kernels_numba.common import cuda, kernel_cache_stats
 from kernels_numba.gemm_tc import gemm_tc
-from tinyvllm.engine import EngineConfig, LLMEngine
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.sampling_params import SamplingParams
 engine = LLMEngine(None, EngineConfig(max_model_len=64), log=lambda message: None)
 out = engine.generate(["The sun rose", "Hi"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
 rng = np.random.default_rng(0)

@@ -20,11 +20,11 @@ import kernels_numba.rope as rope_module
 from kernels_numba.common import SIMULATOR
 from kernels_numba.kv_dtype import kv_encode_ref, kv_from_f32
 from tinyvllm.bench import config_from_args
-from tinyvllm.cli import _engine, _parser
-from tinyvllm.engine import EngineConfig, LLMEngine
-from tinyvllm.kv_pool import resolve_kv_cache_dtype
-from tinyvllm.model import load_model
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.cli.main import _engine, _parser
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.runner.kv_pool import resolve_kv_cache_dtype
+from tinyvllm.model.loader import load_model
+from tinyvllm.engine.sampling_params import SamplingParams
 
 PROMPT = "A small dog ran"
 NEW_TOKENS = 2

@@ -5,12 +5,12 @@ import types
 import numpy as np
 import pytest
 
-from tinyvllm import kv_pool
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.runner import kv_pool
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.kv_pool import (SIMULATOR_DEFAULT_BLOCKS, KVPool, blocks_that_fit, blocks_usable, bytes_per_block,
+from tinyvllm.runner.kv_pool import (SIMULATOR_DEFAULT_BLOCKS, KVPool, blocks_that_fit, blocks_usable, bytes_per_block,
                               default_num_blocks)
-from tinyvllm.model import load_model
+from tinyvllm.model.loader import load_model
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 import io
 from dataclasses import dataclass
 
-from tinyvllm.live_output import OrderedStream, ProgressBar
+from tinyvllm.cli.live_output import OrderedStream, ProgressBar
 
 
 @dataclass

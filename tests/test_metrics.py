@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from tinyvllm.metrics import MetricsCollector, Stats, format_table, percentile
+from tinyvllm.engine.metrics import MetricsCollector, Stats, format_table, percentile
 
 T0 = 1000.0  # perf_counter's origin is arbitrary; an offset catches code that forgets to subtract arrival
 

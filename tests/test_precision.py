@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import SIMULATOR
-from tinyvllm.cli import _parser, main
-from tinyvllm.engine import EngineConfig, LLMEngine
+from tinyvllm.cli.main import _parser, main
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
-from tinyvllm.kernel_plan import resolve_precision
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.runner.kernel_plan import resolve_precision
+from tinyvllm.engine.sampling_params import SamplingParams
 
 PROMPT_TOKENS = (9, 7)   # the first tokens of golden prompts 0 and 1
 NEW_TOKENS = 2
@@ -119,9 +119,9 @@ def test_the_fast_plans_gemv_crossover_sends_larger_decode_steps_to_the_tensor_c
     take gemm_tc and leave the fused-GEMV layer; fp32 keeps its own crossover (matmul.MAX_COALESCED_TOKENS)."""
     from types import SimpleNamespace
     from kernels_numba import matmul
-    from tinyvllm import kernel_plan
-    from tinyvllm.kernel_plan import KernelPlan
-    from tinyvllm.model_runner import ModelRunner
+    from tinyvllm.runner import kernel_plan
+    from tinyvllm.runner.kernel_plan import KernelPlan
+    from tinyvllm.runner.model_runner import ModelRunner
     monkeypatch.setattr(kernel_plan, "SIMULATOR", False)
     monkeypatch.setattr(matmul, "SIMULATOR", False)
     monkeypatch.setattr(kernel_plan, "FAST_GEMV_MAX_TOKENS", 8)
@@ -148,7 +148,7 @@ def test_each_command_takes_precision_with_its_default(command, expected):
 
 
 def test_the_flag_reaches_the_engine_and_the_bench_config():
-    from tinyvllm import cli
+    from tinyvllm.cli import main as cli
     from tinyvllm.bench.config import config_from_args
     from tinyvllm.evaluation import cli as evaluation_cli
     parser = _parser()

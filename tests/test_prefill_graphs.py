@@ -1,4 +1,4 @@
-"""Steps with prefill chunks replayed from captured graphs (tinyvllm/prefill_graphs.py) give exactly the eager
+"""Steps with prefill chunks replayed from captured graphs (tinyvllm/runner/prefill_graphs.py) give exactly the eager
 path's logits and KV writes.
 
 In the simulator a replay re-runs the recorded forward pass over the same static buffers (there are no real
@@ -14,12 +14,12 @@ import pytest
 from kernels_numba.common import SIMULATOR, LayerArena, SharedStorage, begin_layer, device_empty, launching_into
 from kernels_numba.kv_dtype import kv_encode_ref
 from kernels_numba.matmul import MAX_COALESCED_TOKENS
-from tinyvllm.engine import EngineConfig, LLMEngine
-from tinyvllm.kv_pool import KVPool
-from tinyvllm.model import load_model
-from tinyvllm.model_runner import ForwardBatch, ModelRunner
-from tinyvllm.prefill_graphs import PrefillGraphs, activation_bytes_per_token, prefill_buckets_up_to
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.runner.kv_pool import KVPool
+from tinyvllm.model.loader import load_model
+from tinyvllm.runner.model_runner import ForwardBatch, ModelRunner
+from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token, prefill_buckets_up_to
+from tinyvllm.engine.sampling_params import SamplingParams
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_SEQS, WIDTH = 4, 24, 4, 6
 BUCKETS = (12, 16)

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from tinyvllm.config import GenerationDefaults
+from tinyvllm.model.config import GenerationDefaults
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.sampling_params import InvalidSamplingParams, SamplingParams
+from tinyvllm.engine.sampling_params import InvalidSamplingParams, SamplingParams
 
 
 def test_defaults_match_vllm():

@@ -7,9 +7,9 @@ says (so a wrong block table or a bad prefix-cache hit shows up), and samples to
 import numpy as np
 import pytest
 
-from tinyvllm.block_manager import BlockManager
-from tinyvllm.scheduler import Scheduler, SchedulerConfig
-from tinyvllm.sequence import Sequence, SequenceStatus
+from tinyvllm.engine.block_manager import BlockManager
+from tinyvllm.engine.scheduler import Scheduler, SchedulerConfig
+from tinyvllm.engine.sequence import Sequence, SequenceStatus
 
 SAMPLED = 1
 

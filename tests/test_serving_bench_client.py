@@ -16,10 +16,10 @@ import pytest
 from tinyvllm.bench import BenchConfig, Workloads
 from tinyvllm.bench.http_client import HttpRequest, HttpResult, completion_payload, stream_completion
 from tinyvllm.bench.http_runs import compare_greedy
-from tinyvllm.cli import main
-from tinyvllm.config import ModelConfig
-from tinyvllm.demo import DEMO_MODEL_DIR
-from tinyvllm.model import load_model
+from tinyvllm.cli.main import main
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.demo import DEMO_MODEL_DIR
+from tinyvllm.model.loader import load_model
 from tests.serving_helpers import ENGINE_OPTIONS, MODEL_NAME, quiet, start_server
 
 # 3 serving requests and 2 throughput requests, each of 4-8 prompt tokens and 2 new tokens

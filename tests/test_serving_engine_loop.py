@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tinyvllm.engine import EngineConfig, LLMEngine
-from tinyvllm.model import load_model
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.model.loader import load_model
+from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.serving.engine_loop import (STEP_SAMPLES_KEPT, EngineLoop, LoopClosed, QueueFull, Update)
 
 FAKE_TOKEN = 7  # not one of the demo model's EOS ids

@@ -16,7 +16,7 @@ import httpx  # noqa: E402  (installed with openai)
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.model import load_model
+from tinyvllm.model.loader import load_model
 from tests.hf_chat_ids import CONVERSATIONS, assert_runs_hf_chat_ids
 from tests.serving_helpers import ENGINE_OPTIONS, MODEL_NAME, quiet, start_server
 

@@ -7,7 +7,7 @@ tokens as it had when its client went away), not the numbers; test_serving_repla
 import json
 import threading
 
-from tinyvllm.sampling_params import SamplingParams
+from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.serving.engine_loop import EngineLoop
 from tinyvllm.serving.recording import Recorder, read_recording
 from tinyvllm.serving.replay import engine_config_for, format_report, replay

@@ -16,9 +16,9 @@ import pytest
 from tests.references import require
 openai = require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
 
-from tinyvllm.cli import main  # noqa: E402
-from tinyvllm.engine import LLMEngine  # noqa: E402
-from tinyvllm.model import load_model  # noqa: E402
+from tinyvllm.cli.main import main  # noqa: E402
+from tinyvllm.engine.engine import LLMEngine  # noqa: E402
+from tinyvllm.model.loader import load_model  # noqa: E402
 from tinyvllm.serving.recording import FORMAT, VERSION, BadRecording, read_recording  # noqa: E402
 from tinyvllm.serving.replay import engine_config_for, format_report, replay  # noqa: E402
 from tests.test_serving_process import serve  # noqa: E402

@@ -7,8 +7,8 @@ require("httpx", "FastAPI's TestClient needs it: pip install -e '.[test-serving]
 from fastapi.testclient import TestClient  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from tinyvllm.engine import EngineConfig, LLMEngine
-from tinyvllm.model import load_model
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.model.loader import load_model
 from tinyvllm.serving.app import create_app
 from tinyvllm.serving.cli import STATIC_DIR
 from tinyvllm.serving.context import ServingContext
@@ -143,7 +143,7 @@ def test_serve_captures_every_cuda_graph_before_it_takes_a_request(monkeypatch, 
     request at a new batch size would otherwise wait for a capture and a compile), before it reads a request."""
     import io
     import sys
-    from tinyvllm.cli import _parser
+    from tinyvllm.cli.main import _parser
     from tinyvllm.serving import cli as serving_cli
     events = []
     real = LLMEngine.capture_graphs

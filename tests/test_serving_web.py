@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.model import load_model
+from tinyvllm.model.loader import load_model
 from tests.references import missing_reference
 from tests.serving_helpers import ENGINE_OPTIONS, quiet, start_server
 

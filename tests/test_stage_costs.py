@@ -1,9 +1,9 @@
 """The bytes and FLOPs each stage must move and do, checked against hand counts for a small config."""
 import numpy as np
 
-from tinyvllm.config import ModelConfig
-from tinyvllm.model_runner import ForwardBatch
-from tinyvllm.stage_costs import stage_costs
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.runner.model_runner import ForwardBatch
+from tinyvllm.bench.stage_costs import stage_costs
 
 CONFIG = ModelConfig.from_dict({"model_type": "llama", "vocab_size": 100, "hidden_size": 8, "intermediate_size": 12,
                                 "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,

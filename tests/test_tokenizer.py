@@ -7,9 +7,9 @@ from tokenizers import Regex, pre_tokenizers
 
 from tests.llama3_vocab import (LLAMA3_SPLIT_PATTERN, llama3_model_dir, meta_tokenizer_model_path,  # noqa: F401
                                 read_tiktoken_ranks)
-from tinyvllm.chat_template import LLAMA32_CHAT_TEMPLATE
+from tinyvllm.model.chat_template import LLAMA32_CHAT_TEMPLATE
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.tokenizer import Tokenizer
+from tinyvllm.model.tokenizer import Tokenizer
 from tests.references import require
 
 BOS_ID, EOT_ID = 128000, 128009

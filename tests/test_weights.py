@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tinyvllm.config import ModelConfig
+from tinyvllm.model.config import ModelConfig
 from tinyvllm.errors import ModelLoadError
-from tinyvllm.weights import expected_tensor_shapes, load_weights
+from tinyvllm.model.weights import expected_tensor_shapes, load_weights
 
 K_PROJ = "model.layers.0.self_attn.k_proj.weight"
 

@@ -11,12 +11,12 @@ __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput"
 def __getattr__(name):
     # Lazy, so `import tinyvllm` does not import numba before the caller chose simulator or GPU.
     if name == "LLM":
-        from .llm import LLM
+        from tinyvllm.llm import LLM
         return LLM
     if name in ("LLMEngine", "EngineConfig", "RequestOutput"):
-        from . import engine
+        from tinyvllm.engine import engine
         return getattr(engine, name)
     if name == "SamplingParams":
-        from .sampling_params import SamplingParams
+        from tinyvllm.engine.sampling_params import SamplingParams
         return SamplingParams
     raise AttributeError(f"module 'tinyvllm' has no attribute {name!r}")

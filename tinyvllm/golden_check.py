@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import TinyVLLMError
-from .engine import LLMEngine
-from .model_runner import Stage
-from .sampling_params import SamplingParams
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.engine.engine import LLMEngine
+from tinyvllm.runner.model_runner import Stage
+from tinyvllm.engine.sampling_params import SamplingParams
 
 # The demo model's goldens ship inside the package (goldens/demo.npz in a checkout is a link to them).
 DEFAULT_GOLDENS = Path(__file__).resolve().parent / "goldens" / "demo.npz"

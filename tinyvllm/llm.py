@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .engine import EngineConfig, LLMEngine, RequestOutput
-from .metrics import MetricsSummary
-from .model import log_to_stderr
-from .sampling_params import SamplingParams
+from tinyvllm.engine.engine import EngineConfig, LLMEngine, RequestOutput
+from tinyvllm.engine.metrics import MetricsSummary
+from tinyvllm.log import log_to_stderr
+from tinyvllm.engine.sampling_params import SamplingParams
 
 
 class LLM:

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..session import BlockView
+from debugger.session import BlockView
 
 STATE_STYLES = {"free": "grey50", "used": "bold white on dark_green", "shared": "bold white on blue",
                 "cached": "black on yellow"}

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from ..session import GoldenRow, GoldenView
+from debugger.session import GoldenRow, GoldenView
 
 STATUS_STYLES = {"pass": "green", "fail": "bold red", "absent": "yellow"}
 FIRST_FAILURE_STYLE = "bold white on red"

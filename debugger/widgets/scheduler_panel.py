@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from ..session import RequestView, SessionView
+from debugger.session import RequestView, SessionView
 
 STATE_STYLES = {"arrived": "bold yellow", "due": "dim", "waiting": "yellow", "preempted": "magenta", "prefill": "cyan", "chunked": "cyan",
                 "decode": "green", "finished": "dim", "error": "red"}

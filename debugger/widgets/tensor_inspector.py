@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
-from ..session import StageRecord, as_rows
+from debugger.session import StageRecord, as_rows
 
 MAX_ROWS, MAX_COLS = 64, 48
 NARROW = 60   # below this many columns: shorter header and row line

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from textual.widgets import Log
 
-from ..session import TimelineEntry
+from debugger.session import TimelineEntry
 
 
 def format_entry(e: TimelineEntry) -> str:

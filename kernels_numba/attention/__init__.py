@@ -3,7 +3,7 @@
     out[t, h] = sum_{j<=p} softmax_j(scale * q[t, h] . K[j, g]) V[j, g]     p = the query's position,
                                                                            g = h // (n_heads // n_kv_heads)
 
-Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`; the fast precision: kernel_plan.py):
+Which step runs which (tinyvllm/runner/model_runner.py, `ModelRunner._attention_for`; the fast precision: kernel_plan.py):
 
 | file          | launcher                                   | runs                                                |
 |---------------|--------------------------------------------|-----------------------------------------------------|
@@ -17,9 +17,9 @@ Which step runs which (tinyvllm/model_runner.py, `ModelRunner._attention_for`; t
 | prefill       | paged_attention_prefill, build_prefill_tiles | nowhere: the readable tiled prefill; its query tiles serve prefill_gqa |
 |               | prefill_tiles_host, max_prefill_tiles      | the tiles padded to a fixed count with empty ones (prefill CUDA graphs) |
 | prefill_gqa   | paged_attention_prefill_gqa                | GPU steps with prefill chunks (FlashAttention-2 on CUDA cores) |
-| prefill_tc    | paged_attention_prefill_tc                 | steps with prefill chunks in the fast precision (tinyvllm/kernel_plan.py), simulator too: FlashAttention-2 on tensor cores (bf16 mma) |
+| prefill_tc    | paged_attention_prefill_tc                 | steps with prefill chunks in the fast precision (tinyvllm/runner/kernel_plan.py), simulator too: FlashAttention-2 on tensor cores (bf16 mma) |
 
-KV pool dtype (tinyvllm.kv_pool.KVPool, --kv-cache-dtype): float32 (the reference) or bf16 bit patterns in uint16
+KV pool dtype (tinyvllm.runner.kv_pool.KVPool, --kv-cache-dtype): float32 (the reference) or bf16 bit patterns in uint16
 (half the bytes). Writers store kernels_numba.kv_dtype.kv_from_f32(x, pool) (rounded to nearest even for bf16):
 write_kv_paged, rope.rope_qkv with the pools (prefill steps, and every step in the simulator) and the fused GEMV's
 RopeKVEpilogue (GPU decode steps). Every paged launcher above reads either pool (kv_to_f32 on each element, float32

@@ -121,7 +121,7 @@ def prefill_tiles_host(query_seq, query_pos, queries_per_tile: int,
                        num_tiles: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """build_prefill_tiles' arrays on the host: (seq, tokens, positions, key_len). With `num_tiles`, padded to that
     many tiles with empty ones (seq 0, no tokens, key_len 0: the prefill kernels load no key and write nothing for
-    them), so that a CUDA graph's launch grid stays fixed (tinyvllm/prefill_graphs.py)."""
+    them), so that a CUDA graph's launch grid stays fixed (tinyvllm/runner/prefill_graphs.py)."""
     query_seq = _to_host(query_seq)
     query_pos = _to_host(query_pos)
     assert query_seq.shape == query_pos.shape and query_seq.ndim == 1, (query_seq.shape, query_pos.shape)

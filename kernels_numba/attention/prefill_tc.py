@@ -1,6 +1,6 @@
 """Paged prefill attention on tensor cores: FlashAttention-2 with bf16 mma.sync (fp32 accumulation), a block
 per (query tile, KV head) for all the group's query heads. The math and the pool layout: paged_kv; the query
-tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/kernel_plan.py).
+tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/runner/kernel_plan.py).
 
 - `paged_attention_prefill_tc`: paged_attention_prefill's contract. A block's rows are (query, head) pairs,
   row r = query r // group of the tile, head kv_head * group + r % group, 16 rows per warp (one mma row tile).

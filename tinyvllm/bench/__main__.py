@@ -1,6 +1,6 @@
 """python -m tinyvllm.bench: the same as `tinyvllm bench`."""
 import sys
 
-from . import main
+from tinyvllm.bench import main
 
 sys.exit(main())

@@ -6,19 +6,19 @@ import sys
 import time
 from pathlib import Path
 
-from .config import BenchConfig, SIMULATOR_COPY_BYTES, command_line, config_from_args
-from .workloads import Workloads
-from .engine_runs import EngineFactory, TINYVLLM_WORKLOADS, warm_up
-from .hf_baseline import HFBaseline, HF_WORKLOADS, check_hf_available
-from .report import (add_roofline, comparisons, copy_bandwidth, environment, format_report, merge_reports,
+from tinyvllm.bench.config import BenchConfig, SIMULATOR_COPY_BYTES, command_line, config_from_args
+from tinyvllm.bench.workloads import Workloads
+from tinyvllm.bench.engine_runs import EngineFactory, TINYVLLM_WORKLOADS, warm_up
+from tinyvllm.bench.hf_baseline import HFBaseline, HF_WORKLOADS, check_hf_available
+from tinyvllm.bench.report import (add_roofline, comparisons, copy_bandwidth, environment, format_report, merge_reports,
                      report_notes, weight_bytes, write_outputs)
-from .random_1b import prepare_random_model
+from tinyvllm.model.random_1b import prepare_random_model
 
 
 def run(args) -> int:
     """The `tinyvllm bench` subcommand: exit status 0, or 1 when a request ended with an error."""
     if getattr(args, "replay", None):  # tinyvllm serve --record's session (serving/replay.py)
-        from ..serving.replay import run_bench_replay
+        from tinyvllm.serving.replay import run_bench_replay
         return run_bench_replay(args)
     if args.merge:
         return merge_reports([Path(p) for p in args.merge], Path(args.out), args.plot)
@@ -30,14 +30,14 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
     log = log or (lambda message: print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr,
                                         flush=True))
     if cfg.base_url:
-        from .http_runs import run_http_bench
+        from tinyvllm.bench.http_runs import run_http_bench
         return run_http_bench(cfg, log)
     if cfg.compare == "hf":
         check_hf_available(cfg.hf_device)
     from kernels_numba.common import SIMULATOR
-    from ..engine import EngineConfig
-    from ..kernel_plan import resolve_precision
-    from ..model import default_model_dir, load_model
+    from tinyvllm.engine.engine import EngineConfig
+    from tinyvllm.runner.kernel_plan import resolve_precision
+    from tinyvllm.model.loader import default_model_dir, load_model
     model_dir = Path(cfg.model) if cfg.model else (prepare_random_model(Path(cfg.random_1b), log=log)
                                                    if cfg.random_1b else default_model_dir())
     model = load_model(model_dir, log=log)
@@ -96,5 +96,5 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import main as cli_main
+    from tinyvllm.cli.main import main as cli_main
     return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -6,8 +6,8 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
-from ..config import PRECISIONS, add_precision_arguments
-from ..errors import TinyVLLMError
+from tinyvllm.model.config import PRECISIONS, add_precision_arguments
+from tinyvllm.errors import TinyVLLMError
 
 WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
 BATCHING_MODES = ("continuous", "static")

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..gc_control import without_cyclic_gc
-from .config import KERNEL_STEPS, PROGRESS_EVERY_S
-from .workloads import BenchRequest, Workloads
+from tinyvllm.engine.gc_control import without_cyclic_gc
+from tinyvllm.bench.config import KERNEL_STEPS, PROGRESS_EVERY_S
+from tinyvllm.bench.workloads import BenchRequest, Workloads
 
 
 def synced_clock() -> float:
@@ -45,7 +45,7 @@ def drive_engine(engine, requests: list[BenchRequest], max_seconds: float, log, 
 
 
 def _drive(engine, requests: list[BenchRequest], max_seconds: float, log, label: str) -> RunRecord:
-    from ..sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
     produced: dict[str, int] = {}
     finished, errored, lag = set(), set(), {}
@@ -95,7 +95,7 @@ class EngineFactory:
         self.current = None
 
     def fresh(self, **overrides):
-        from ..engine import LLMEngine
+        from tinyvllm.engine.engine import LLMEngine
         self.release()
         self.current = LLMEngine(self.model, dataclasses.replace(self.config, **overrides), log=self._log)
         # Every later run gets the pool the first one sized from free memory; and logs quietly.
@@ -114,7 +114,7 @@ class EngineFactory:
 
 def warm_up(engines: EngineFactory, log) -> None:
     """Compile every kernel a run uses: a multi-token prefill (gemm_blocked) of two requests, then decodes."""
-    from ..sampling_params import SamplingParams
+    from tinyvllm.engine.sampling_params import SamplingParams
     start = time.perf_counter()
     engine = engines.fresh()
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, seed=0)
@@ -209,7 +209,7 @@ def bench_throughput(engines, w: Workloads, cfg, log) -> list[dict]:
 
 
 def bench_serving(engines, w: Workloads, cfg, log) -> list[dict]:
-    from ..metrics import Stats
+    from tinyvllm.engine.metrics import Stats
     log(f"serving: {len(w.serving)} requests at {cfg.request_rate:g} req/s")
     record = drive_engine(engines.fresh(batching="continuous"), w.serving, cfg.max_seconds, log, "serving")
     s = record.summary
@@ -232,9 +232,9 @@ def bench_serving(engines, w: Workloads, cfg, log) -> list[dict]:
 
 def bench_kernels(engines, w: Workloads, cfg, log) -> list[dict]:
     """Per kernel: the latency prompt's prefill step and one batch-1 decode step, each stage synchronised,
-    timed, and set against the bytes and FLOPs it must move and do (tinyvllm.stage_costs)."""
-    from ..sampling_params import SamplingParams
-    from ..stage_costs import stage_costs
+    timed, and set against the bytes and FLOPs it must move and do (tinyvllm.bench.stage_costs)."""
+    from tinyvllm.engine.sampling_params import SamplingParams
+    from tinyvllm.bench.stage_costs import stage_costs
     engine = engines.fresh()
     r = w.latency[0]
     engine.add_request(r.prompt_ids, SamplingParams(temperature=0.0, max_tokens=KERNEL_STEPS, ignore_eos=True))

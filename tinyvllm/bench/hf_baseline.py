@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import TinyVLLMError
-from .workloads import Workloads
-from .engine_runs import latency_key, prefill_row
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.bench.workloads import Workloads
+from tinyvllm.bench.engine_runs import latency_key, prefill_row
 
 
 def check_hf_available(device: str) -> None:

@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..metrics import Stats
-from .config import BenchConfig, PROGRESS_EVERY_S, command_line
-from .http_client import COMPLETIONS_PATH, HttpRequest, HttpRun, probe_server, run_requests
-from .workloads import BenchRequest, Workloads, random_prompt, workload_rng
+from tinyvllm.engine.metrics import Stats
+from tinyvllm.bench.config import BenchConfig, PROGRESS_EVERY_S, command_line
+from tinyvllm.bench.http_client import COMPLETIONS_PATH, HttpRequest, HttpRun, probe_server, run_requests
+from tinyvllm.bench.workloads import BenchRequest, Workloads, random_prompt, workload_rng
 
 WARMUP_PROMPT_LEN = 8
 
@@ -89,8 +89,8 @@ def check_greedy(model_dir: Path, cfg: BenchConfig, runs: list[tuple[list[BenchR
     """Offline LLM.generate (greedy, ignore_eos) on the same prompt ids, every run's in one call: served token
     ids (or, from a server that does not send them, text) must be identical. Only successful requests count.
     One dict per run."""
-    from ..llm import LLM
-    from ..sampling_params import SamplingParams
+    from tinyvllm.llm import LLM
+    from tinyvllm.engine.sampling_params import SamplingParams
     pairs = [[(i, requests[i], r) for i, r in enumerate(run.results) if r is not None and r.ok] for requests, run in runs]
     every = [q for run_pairs in pairs for _, q, _ in run_pairs]
     log(f"check-greedy: offline LLM.generate on {len(every)} prompts")
@@ -125,11 +125,11 @@ def compare_greedy(pairs, offline_outputs) -> dict:
 
 def run_http_bench(cfg: BenchConfig, log) -> int:
     """The `--base-url` run: exit status 0, or 1 when a request failed or a greedy output differed."""
-    from ..config import ModelConfig
-    from ..model import default_model_dir
-    from ..tokenizer import Tokenizer
-    from .random_1b import prepare_random_model
-    from .report import format_report, weight_bytes, write_outputs
+    from tinyvllm.model.config import ModelConfig
+    from tinyvllm.model.loader import default_model_dir
+    from tinyvllm.model.tokenizer import Tokenizer
+    from tinyvllm.model.random_1b import prepare_random_model
+    from tinyvllm.bench.report import format_report, weight_bytes, write_outputs
     t0 = time.perf_counter()
     model_dir = Path(cfg.model) if cfg.model else (prepare_random_model(Path(cfg.random_1b), log=log)
                                                    if cfg.random_1b else default_model_dir())

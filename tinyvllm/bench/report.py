@@ -11,15 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TinyVLLMError
-from .config import BenchConfig, WORKLOADS
-from .engine_runs import synced_clock
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.bench.config import BenchConfig, WORKLOADS
+from tinyvllm.bench.engine_runs import synced_clock
 
 
 def weight_bytes(config, bytes_per_weight: int = 2) -> int:
     """Bytes of weights one decode step reads: every tensor once (a tied lm_head is the embedding); 2 bytes a
     weight for bf16, 4 for an F32 checkpoint's float32."""
-    from ..weights import expected_tensor_shapes
+    from tinyvllm.model.weights import expected_tensor_shapes
     return sum(bytes_per_weight * math.prod(shape) for shape in expected_tensor_shapes(config).values())
 
 
@@ -141,7 +141,7 @@ def format_http_result(r: dict) -> list[str]:
             line("Output token throughput (tok/s)", r["output_tok_s"]),
             line("Total Token throughput (tok/s)", r["total_token_throughput"]),
             line("Peak concurrent requests", r["max_concurrent_requests"])]
-    from .http_runs import LATENCIES
+    from tinyvllm.bench.http_runs import LATENCIES
     for key, short, long in LATENCIES:
         out.append(f"{long:-^50}")
         out += [line(f"{name.capitalize()} {short} (ms)", r[f"{stat}_{key}_ms"])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import BenchConfig, PROMPT_ID_LIMIT, WORKLOADS
+from tinyvllm.bench.config import BenchConfig, PROMPT_ID_LIMIT, WORKLOADS
 
 
 @dataclass

@@ -11,9 +11,9 @@ trie, answer-letter parsing), `backends` (the engine through its logprobs API) a
 OpenAI-compatible server), `runner` (prompts -> subset -> context cap -> backend -> per-question results),
 `report` (accuracy with Wilson 95 % intervals, JSON / CSV / text), `histograms`, `progress`, `cli`.
 """
-from .runner import EvalConfig, prepare_task, run_task, select
-from .scoring import ItemResult, parse_answer_letter
-from .tasks import TASKS, Question, load_gpqa_diamond, load_mmlu
+from tinyvllm.evaluation.runner import EvalConfig, prepare_task, run_task, select
+from tinyvllm.evaluation.scoring import ItemResult, parse_answer_letter
+from tinyvllm.evaluation.tasks import TASKS, Question, load_gpqa_diamond, load_mmlu
 
 __all__ = ["EvalConfig", "ItemResult", "Question", "TASKS", "load_gpqa_diamond", "load_mmlu",
            "parse_answer_letter", "prepare_task", "run_task", "select"]

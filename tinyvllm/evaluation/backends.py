@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..gc_control import without_cyclic_gc
-from ..sampling_params import SamplingParams
-from .scoring import ContinuationTrie
+from tinyvllm.engine.gc_control import without_cyclic_gc
+from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.evaluation.scoring import ContinuationTrie
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`tinyvllm eval`: the command's flags and what it does with them (tinyvllm/cli.py registers it)."""
+"""`tinyvllm eval`: the command's flags and what it does with them (tinyvllm/cli/main.py registers it)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,16 +7,16 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import TinyVLLMError
-from .prompts import ANSWER_PREFIX
-from .runner import MODES, EvalConfig, prepare_task, run_task, select
-from .tasks import TASKS
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.evaluation.prompts import ANSWER_PREFIX
+from tinyvllm.evaluation.runner import MODES, EvalConfig, prepare_task, run_task, select
+from tinyvllm.evaluation.tasks import TASKS
 
 DEFAULT_OUT = "out/eval"
 
 
 def add_arguments(p) -> None:
-    """The eval flags; the engine flags (--model, --max-num-seqs, ...) come from tinyvllm/cli.py."""
+    """The eval flags; the engine flags (--model, --max-num-seqs, ...) come from tinyvllm/cli/main.py."""
     d = EvalConfig()
     p.add_argument("--tasks", default=",".join(d.tasks), metavar="LIST",
                    help=f"comma-separated, from {','.join(TASKS)} (default: %(default)s)")
@@ -74,7 +74,7 @@ def run(args) -> int:
         log(f"{task}: {len(prepared[-1].questions)} questions, prompts tokenized")
     selection = select(prepared, config)
     runs = [run_task(p, selection[p.task], config, backend, tokenizer) for p in prepared]
-    from .report import format_summary, task_summary, write_report
+    from tinyvllm.evaluation.report import format_summary, task_summary, write_report
     report = {
         "format": "tinyvllm-eval/1",
         "command": _command_line(args, config),
@@ -96,19 +96,19 @@ def run(args) -> int:
 def _backend(args, config: EvalConfig, log):
     """(backend, tokenizer, model facts, config with the context cap the model allows)."""
     if args.base_url:
-        from ..tokenizer import Tokenizer
-        from .remote import RemoteBackend
+        from tinyvllm.model.tokenizer import Tokenizer
+        from tinyvllm.evaluation.remote import RemoteBackend
         if not args.model:
             raise TinyVLLMError("--base-url needs --model DIR: the served model's directory (or .gguf), for its tokenizer "
                                 "(prompt lengths, the context cap and the answer letters' tokens)")
-        from ..gguf_import import GGUFModelFiles, find_gguf_file
+        from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
         gguf_file = find_gguf_file(args.model) if Path(args.model).exists() else None
         tokenizer = GGUFModelFiles.read(gguf_file).tokenizer() if gguf_file else Tokenizer.from_model_dir(args.model)
         backend = RemoteBackend(args.base_url, args.served_model, args.api_key, args.concurrency)
         log(f"evaluating through {backend.name}")
         return backend, tokenizer, {"tokenizer_dir": str(args.model), "served_model": backend.model}, config
-    from ..engine import EngineConfig, LLMEngine
-    from .backends import EngineBackend
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.evaluation.backends import EngineBackend
     engine = LLMEngine(args.model, EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,

@@ -8,8 +8,8 @@ question differs.
 """
 from __future__ import annotations
 
-from .runner import TaskRun
-from .scoring import top_two_margin
+from tinyvllm.evaluation.runner import TaskRun
+from tinyvllm.evaluation.scoring import top_two_margin
 
 
 def compare_runs(ours: TaskRun, ref: TaskRun, margin: float, score_tol: float) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .backends import Failure, LoglikelihoodJob, OnDone
+from tinyvllm.evaluation.backends import Failure, LoglikelihoodJob, OnDone
 
 
 def load_hf_model(model_dir: str | Path, device: str, dtype: str = "float32", round_to_bf16: bool = True):
@@ -25,7 +25,7 @@ def load_hf_model(model_dir: str | Path, device: str, dtype: str = "float32", ro
     from safetensors.torch import load_file
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from ..gguf_import import find_gguf_file
+    from tinyvllm.model.gguf import find_gguf_file
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     gguf_file = find_gguf_file(model_dir)
     if gguf_file is not None:  # transformers reads and dequantizes the GGUF itself: an independent import

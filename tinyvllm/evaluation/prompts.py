@@ -28,7 +28,7 @@ examples are earlier user / assistant turns answered "The best answer is B.".
 """
 from __future__ import annotations
 
-from .tasks import LETTERS, Question
+from tinyvllm.evaluation.tasks import LETTERS, Question
 
 MMLU_CONTINUATIONS = tuple(f" {letter}" for letter in LETTERS)
 GPQA_CONTINUATIONS = tuple(f" ({letter})" for letter in LETTERS)

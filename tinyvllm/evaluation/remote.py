@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import httpx
 
-from ..errors import TinyVLLMError
-from .backends import Failure, Generation, GenerationJob, LoglikelihoodJob, OnDone
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.evaluation.backends import Failure, Generation, GenerationJob, LoglikelihoodJob, OnDone
 
 
 class RemoteBackend:

@@ -15,10 +15,10 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from .histograms import format_histograms, histogram, length_edges, plot_histograms
-from .runner import EvalConfig, TaskRun
-from .scoring import ERROR, TOO_LONG, UNPARSEABLE, ItemResult
-from .tasks import LETTERS
+from tinyvllm.evaluation.histograms import format_histograms, histogram, length_edges, plot_histograms
+from tinyvllm.evaluation.runner import EvalConfig, TaskRun
+from tinyvllm.evaluation.scoring import ERROR, TOO_LONG, UNPARSEABLE, ItemResult
+from tinyvllm.evaluation.tasks import LETTERS
 
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 CI_METHOD = "Wilson score interval, 95 %"

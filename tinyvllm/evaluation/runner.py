@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..errors import TinyVLLMError
-from .backends import Failure, GenerationJob, LoglikelihoodJob
-from .progress import Progress
-from .prompts import ANSWER_PREFIX, chat_messages, loglikelihood_prompt
-from .scoring import ERROR, OK, TOO_LONG, UNPARSEABLE, ItemResult, best_choice, parse_answer_letter
-from .subset import read_subset, select_subset, stratified_sample
-from .tasks import TASKS, Question, mmlu_dev_by_subject
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.evaluation.backends import Failure, GenerationJob, LoglikelihoodJob
+from tinyvllm.evaluation.progress import Progress
+from tinyvllm.evaluation.prompts import ANSWER_PREFIX, chat_messages, loglikelihood_prompt
+from tinyvllm.evaluation.scoring import ERROR, OK, TOO_LONG, UNPARSEABLE, ItemResult, best_choice, parse_answer_letter
+from tinyvllm.evaluation.subset import read_subset, select_subset, stratified_sample
+from tinyvllm.evaluation.tasks import TASKS, Question, mmlu_dev_by_subject
 
 MODES = ("loglikelihood", "generative")
 MAX_FEWSHOT = 5  # MMLU's dev split has five questions per subject

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TinyVLLMError
-from .tasks import TASKS
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.evaluation.tasks import TASKS
 
 
 def allocate(sizes: dict[str, int], n: int, seed: int = 0) -> dict[str, int]:

@@ -15,7 +15,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TinyVLLMError
+from tinyvllm.errors import TinyVLLMError
 
 DATA_DIR = Path(__file__).parent / "data"
 LETTERS = "ABCD"

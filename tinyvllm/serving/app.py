@@ -25,11 +25,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from .. import __version__
-from . import openai_api
-from .context import ServingContext
-from .protocol import ApiError, validation_error
-from .streams import ClientDisconnected
+from tinyvllm import __version__
+from tinyvllm.serving import openai_api
+from tinyvllm.serving.context import ServingContext
+from tinyvllm.serving.protocol import ApiError, validation_error
+from tinyvllm.serving.streams import ClientDisconnected
 
 def create_app(ctx: ServingContext, static_dir: str | Path | None = None) -> FastAPI:
     app = FastAPI(title="tinyvllm", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)

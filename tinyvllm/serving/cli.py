@@ -15,7 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..errors import TinyVLLMError
+from tinyvllm.errors import TinyVLLMError
 
 DEMO_MODEL_NAME = "tinyvllm-demo"
 STATIC_DIR = Path(__file__).parent / "static"   # a web page, served at / when it has an index.html
@@ -23,7 +23,7 @@ BACKSTOP_S = 5.0  # uvicorn cancels handlers this long after the shutdown timeou
 
 
 def add_arguments(p) -> None:
-    from ..cli import _engine_args
+    from tinyvllm.cli.main import _engine_args
     _engine_args(p)
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -69,11 +69,11 @@ def run(args) -> int:
     if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
         raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
     if args.debug:
-        from .debug_mode import run_serve_debug
+        from debugger.serve_debug import run_serve_debug
         return run_serve_debug(args)
-    from .engine_loop import EngineLoop
+    from tinyvllm.serving.engine_loop import EngineLoop
     if args.jsonl:
-        from . import jsonl_loop
+        from tinyvllm.serving import jsonl_loop
         engine = _ready_engine(args)
         log = lambda message: print(message, file=sys.stderr, flush=True)
         return jsonl_loop.run(EngineLoop(engine, log=log, recorder=_recorder(args, engine)), sys.stdin, sys.stdout, stream=args.stream,
@@ -88,7 +88,7 @@ def _ready_engine(args):
     """The engine, its CUDA graphs captured for every bucket before the first request (as vLLM does at start): a
     server's first steps at a new batch size or token count would otherwise wait for a capture, and for the first
     compile of that step's tile shapes (seconds). Without CUDA graphs (the simulator), nothing to capture."""
-    from ..cli import _engine
+    from tinyvllm.cli.main import _engine
     engine = _engine(args)
     engine.capture_graphs(lambda message: print(f"tinyvllm serve: {message}", file=sys.stderr, flush=True))
     return engine
@@ -97,7 +97,7 @@ def _ready_engine(args):
 def _recorder(args, engine):
     if not getattr(args, "record", None):
         return None
-    from .recording import Recorder
+    from tinyvllm.serving.recording import Recorder
     print(f"tinyvllm serve: recording to {args.record}", file=sys.stderr, flush=True)
     return Recorder.open(args.record, engine, model=args.model)
 
@@ -125,8 +125,8 @@ def make_server(engine_loop, model_name: str, api_key: str | None = None, shutdo
     Shutting down, uvicorn waits for open responses; the engine loop ends them (finished, or aborted at the
     shutdown timeout), so uvicorn's own limit, which cancels the handlers, is only a backstop."""
     import uvicorn
-    from .app import create_app
-    from .context import ServingContext
+    from tinyvllm.serving.app import create_app
+    from tinyvllm.serving.context import ServingContext
     ctx = ServingContext.create(engine_loop, model_name, api_key)
     app = create_app(ctx, static_dir=STATIC_DIR)
     config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="off",

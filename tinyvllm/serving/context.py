@@ -5,14 +5,14 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from ..engine import LLMEngine
-from ..sampling_params import SamplingParams
-from .engine_loop import EngineLoop, LoopClosed, QueueFull
-from .inputs import RequestInputs
-from .live_stats import LiveStats
-from .metrics_prometheus import PrometheusMetrics
-from .protocol import ApiError
-from .streams import AsyncRouter, RequestGroup
+from tinyvllm.engine.engine import LLMEngine
+from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.serving.engine_loop import EngineLoop, LoopClosed, QueueFull
+from tinyvllm.serving.inputs import RequestInputs
+from tinyvllm.serving.live_stats import LiveStats
+from tinyvllm.serving.metrics_prometheus import PrometheusMetrics
+from tinyvllm.serving.protocol import ApiError
+from tinyvllm.serving.streams import AsyncRouter, RequestGroup
 
 RETRY_AFTER_S = 1
 

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..engine import LLMEngine, RequestOutput
-from ..errors import TinyVLLMError
-from ..metrics import RequestMetrics
-from ..model import log_to_stderr
-from ..sampling_params import SamplingParams
+from tinyvllm.engine.engine import LLMEngine, RequestOutput
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.engine.metrics import RequestMetrics
+from tinyvllm.log import log_to_stderr
+from tinyvllm.engine.sampling_params import SamplingParams
 
 STEP_SAMPLES_KEPT = 10_000  # the engine's per-step metrics samples a long-lived loop keeps
 

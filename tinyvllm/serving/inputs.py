@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine import InvalidPrompt, LLMEngine
-from ..sampling_params import InvalidSamplingParams, SamplingParams
-from .protocol import ApiError, SamplingFields
+from tinyvllm.engine.engine import InvalidPrompt, LLMEngine
+from tinyvllm.engine.sampling_params import InvalidSamplingParams, SamplingParams
+from tinyvllm.serving.protocol import ApiError, SamplingFields
 
 
 @dataclass(frozen=True)

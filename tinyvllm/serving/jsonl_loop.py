@@ -22,10 +22,10 @@ from typing import Iterable, TextIO
 
 from pydantic import Field, ValidationError, model_validator
 
-from .detokenizer import IncrementalDetokenizer
-from .engine_loop import DuplicateRequestId, EngineLoop, LoopClosed, Update
-from .inputs import RequestInputs
-from .protocol import ApiError, ChatMessage, SamplingFields, TokenIds, validation_error
+from tinyvllm.serving.detokenizer import IncrementalDetokenizer
+from tinyvllm.serving.engine_loop import DuplicateRequestId, EngineLoop, LoopClosed, Update
+from tinyvllm.serving.inputs import RequestInputs
+from tinyvllm.serving.protocol import ApiError, ChatMessage, SamplingFields, TokenIds, validation_error
 
 
 class JsonlRequest(SamplingFields):

@@ -10,8 +10,8 @@ import threading
 import time
 from collections import deque
 
-from ..metrics import percentile
-from .engine_loop import EngineState, StepReport
+from tinyvllm.engine.metrics import percentile
+from tinyvllm.serving.engine_loop import EngineState, StepReport
 
 
 class LiveStats:

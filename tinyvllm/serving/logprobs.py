@@ -8,7 +8,7 @@ the prompt's tokens first when echo is set (the first prompt token has no logpro
 """
 from __future__ import annotations
 
-from .protocol import ChatChoiceLogprobs, ChatLogprob, CompletionLogprobs, TopLogprob
+from tinyvllm.serving.protocol import ChatChoiceLogprobs, ChatLogprob, CompletionLogprobs, TopLogprob
 
 
 def sampling_fields(top_n: int | None, with_prompt: bool = False) -> dict:

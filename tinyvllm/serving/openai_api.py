@@ -15,15 +15,15 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from . import logprobs
-from .context import ServingContext
-from .detokenizer import IncrementalDetokenizer
-from .engine_loop import Update
-from .protocol import (ApiError, AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
+from tinyvllm.serving import logprobs
+from tinyvllm.serving.context import ServingContext
+from tinyvllm.serving.detokenizer import IncrementalDetokenizer
+from tinyvllm.serving.engine_loop import Update
+from tinyvllm.serving.protocol import (ApiError, AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatStreamChoice, CompletionChoice, CompletionRequest,
                        CompletionResponse, DeltaMessage, DetokenizeRequest, DetokenizeResponse, ModelCard,
                        ModelList, TokenizeRequest, TokenizeResponse, Usage)
-from .streams import RequestGroup
+from tinyvllm.serving.streams import RequestGroup
 
 router = APIRouter()
 

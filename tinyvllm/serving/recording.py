@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ..errors import TinyVLLMError
+from tinyvllm.errors import TinyVLLMError
 
 FORMAT = "tinyvllm-recording"
 VERSION = 1

@@ -19,10 +19,10 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from ..engine import EngineConfig, LLMEngine
-from ..errors import TinyVLLMError
-from ..sampling_params import SamplingParams
-from .recording import BadRecording, RecordedRequest, Recording
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.serving.recording import BadRecording, RecordedRequest, Recording
 
 
 @dataclass
@@ -216,7 +216,7 @@ def add_bench_arguments(p) -> None:
 
 
 def run_bench_replay(args) -> int:
-    from .recording import read_recording
+    from tinyvllm.serving.recording import read_recording
     recording = read_recording(args.replay)
     config = engine_config_for(recording, dict(_setting(s) for s in args.replay_set))
     model = args.model or recording.header.get("model")

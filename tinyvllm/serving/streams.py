@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .engine_loop import EngineLoop, Update
+from tinyvllm.serving.engine_loop import EngineLoop, Update
 
 
 class ClientDisconnected(Exception):

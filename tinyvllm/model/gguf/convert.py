@@ -1,0 +1,65 @@
+"""`tinyvllm convert IN.gguf OUT_DIR`: a GGUF model as a Hugging Face Llama directory.
+
+Writes config.json, generation_config.json, model.safetensors (the weights exactly as tinyvllm loads them
+from the GGUF, with q/k in Hugging Face's row order: bf16 for a quantized file, float32 for one with F32/F16
+tensors and nothing quantized), tokenizer.json and
+tokenizer_config.json (with the chat template). Every other command, HF transformers and
+goldens/make_goldens.py can then use OUT_DIR.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+from tinyvllm.errors import TinyVLLMError
+from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
+
+
+def convert(gguf_path: str | Path, out_dir: str | Path, log=print) -> list[Path]:
+    """Write the HF directory for `gguf_path` (a .gguf file or a directory holding one) into out_dir."""
+    gguf_file = find_gguf_file(gguf_path) if Path(gguf_path).exists() else None
+    if gguf_file is None:
+        raise TinyVLLMError(f"{gguf_path}: no GGUF file there")
+    out_dir = Path(out_dir)
+    if out_dir.resolve() == gguf_file.parent.resolve():
+        raise TinyVLLMError(f"{out_dir}: write the converted model to a directory other than the GGUF file's")
+    start = time.perf_counter()
+    files = GGUFModelFiles.read(gguf_file)
+    config = files.model_config()  # validates the metadata before anything is written
+    files.tokenizer()
+    notices: list[str] = []
+    weights = files.weights(config, notices=notices)
+    for notice in notices:
+        log(f"note: {notice}")
+    float32 = next(iter(weights.values())).dtype == np.float32
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    hf_config = {**files.config, "torch_dtype": "float32" if float32 else "bfloat16"}
+    for name, obj in (("config.json", hf_config), ("generation_config.json", files.generation_config),
+                      ("tokenizer.json", files.tokenizer_json), ("tokenizer_config.json", files.tokenizer_config)):
+        path = out_dir / name
+        path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        written.append(path)
+    path = out_dir / "model.safetensors"
+    save_file({name: w if float32 else w.view(ml_dtypes.bfloat16) for name, w in weights.items()}, str(path),
+              metadata={"format": "pt", "source": gguf_file.name})
+    written.append(path)
+    log(f"wrote {out_dir} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, vocab "
+        f"{config.vocab_size}) in {time.perf_counter() - start:.1f} s")
+    return written
+
+
+def add_arguments(p) -> None:
+    p.add_argument("gguf", metavar="IN.gguf", help="a .gguf file, or a directory holding exactly one")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write the HF model into (created if missing)")
+
+
+def run(args) -> int:
+    convert(args.gguf, args.out_dir, log=lambda message: print(message, file=sys.stderr))
+    return 0
