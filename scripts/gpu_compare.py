@@ -53,7 +53,7 @@ def main() -> int:
 
     model_dir = Path(args.model_dir or "/tmp/llama-1b-random" + ("-f32" if args.dtype == "f32" else ""))
     if not (model_dir / "tokenizer.json").is_file():
-        from tests.llama3_vocab import write_llama3_tokenizer_files
+        from tinyvllm.model.llama3_tokenizer import write_llama3_tokenizer_files
         timed("build the Llama 3 tokenizer from llama-models", lambda: write_llama3_tokenizer_files(model_dir))
     if not (model_dir / "model.safetensors").is_file():
         from tinyvllm.model.random_model import write_random_model

@@ -20,30 +20,10 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from tinyvllm.model.chat_template import LLAMA32_CHAT_TEMPLATE
+from tinyvllm.model.llama3_tokenizer import LLAMA3_SPECIAL_TOKENS, LLAMA3_SPLIT_PATTERN
 
 DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
 
-LLAMA3_PRETOKENIZE_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# Llama 3.x's 256 special tokens in published order (meta-llama/Llama-3.2-1B-Instruct tokenizer.json):
-# offsets 0..10 are named or reserved 0-2, offsets 11..255 are reserved 3..247.
-LLAMA3_SPECIAL_TOKENS = [
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>",
-    "<|finetune_right_pad_id|>",
-    "<|reserved_special_token_2|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eom_id|>",
-    "<|eot_id|>",
-    "<|python_tag|>",
-] + [f"<|reserved_special_token_{n}|>" for n in range(3, 248)]
-assert len(LLAMA3_SPECIAL_TOKENS) == 256
 STOP_TOKENS = ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"]
 CHAT_FORMAT_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"] + STOP_TOKENS
 
@@ -157,7 +137,7 @@ def build_tokenizer(spec: DemoModelSpec) -> Tokenizer:
     """Byte-level BPE trained on CORPUS, then the Llama 3 special tokens at regular_vocab_size.. ."""
     tokenizer = Tokenizer(models.BPE(ignore_merges=True))  # as Llama 3: a whole-word vocab hit wins
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
     ])
     tokenizer.decoder = decoders.ByteLevel()

@@ -23,10 +23,7 @@ def prepare_random_model(model_dir: Path, config_dict: dict | None = None, log=p
 
 
 def _write_llama3_tokenizer(model_dir: Path, vocab_size: int) -> bool:
-    try:
-        from tests.llama3_vocab import meta_tokenizer_model_path, write_llama3_tokenizer_files
-    except ImportError:
-        return False
+    from tinyvllm.model.llama3_tokenizer import meta_tokenizer_model_path, write_llama3_tokenizer_files
     if vocab_size != 128256 or meta_tokenizer_model_path() is None:
         return False
     write_llama3_tokenizer_files(model_dir)
