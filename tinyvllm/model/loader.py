@@ -36,7 +36,7 @@ class LoadedModel:
 
 
 def default_model_dir() -> Path:
-    from tinyvllm.model.demo import DEMO_MODEL_DIR
+    from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
     return DEMO_MODEL_DIR
 
 
