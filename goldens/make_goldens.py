@@ -23,7 +23,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from goldens.hf_reference import capture_stages, greedy_continuation, load_hf_model, stage_names  # noqa: E402
 
-DEMO_MODEL_DIR = REPO_ROOT / "tinyvllm" / "demo_model"
+DEMO_MODEL_DIR = REPO_ROOT / "tinyvllm" / "model" / "demo_model"
 DEFAULT_OUT = REPO_ROOT / "tinyvllm" / "goldens" / "demo.npz"   # shipped in the package; goldens/demo.npz links to it
 DATE_STRING = "26 Jul 2024"
 

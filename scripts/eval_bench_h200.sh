@@ -32,11 +32,11 @@ prepare_random_1b() {
   python3 - "$RANDOM_1B" "$SMOLLM2" <<'PY'
 import json, sys
 from pathlib import Path
-from tinyvllm.model.random_1b import _write_llama3_tokenizer, prepare_random_model
+from tinyvllm.model.fixtures.random_model import write_llama3_tokenizer_if_available, prepare_random_model
 from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
 out, smol = Path(sys.argv[1]), Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
-if not (out / "tokenizer.json").is_file() and not _write_llama3_tokenizer(out, 128256):
+if not (out / "tokenizer.json").is_file() and not write_llama3_tokenizer_if_available(out, 128256):
     gguf = find_gguf_file(smol) if smol.exists() else None
     if gguf is not None:
         files = GGUFModelFiles.read(gguf)

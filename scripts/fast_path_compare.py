@@ -234,7 +234,7 @@ def main() -> int:
 
     random_ids = args.model == "random-1b"
     if random_ids:
-        from tinyvllm.model.random_1b import prepare_random_model
+        from tinyvllm.model.fixtures.random_model import prepare_random_model
         model_dir, name = prepare_random_model(Path(args.model_dir), log=log), "random-1b"
     elif Path(args.model).suffix == ".gguf":
         from tinyvllm.model.gguf.convert import convert

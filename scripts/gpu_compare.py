@@ -1,6 +1,6 @@
 """Full-size check on a GPU: tinyvllm vs HF transformers, stage by stage, on the exact Llama-3.2-1B shape.
 
-Writes a model directory of seeded random BF16 weights (tinyvllm.model.random_model), runs HF transformers
+Writes a model directory of seeded random BF16 weights (tinyvllm.model.fixtures.random_model), runs HF transformers
 (float32 compute on the same bf16 weights, same GPU) to capture every stage and a greedy continuation,
 then drives tinyvllm's stepping forward pass over the same prompts and compares, three ways: the prompts
 prefilled in one step, each prompt prefilled alone, and each prompt's first decode step (one token at
@@ -53,10 +53,10 @@ def main() -> int:
 
     model_dir = Path(args.model_dir or "/tmp/llama-1b-random" + ("-f32" if args.dtype == "f32" else ""))
     if not (model_dir / "tokenizer.json").is_file():
-        from tests.llama3_vocab import write_llama3_tokenizer_files
+        from tinyvllm.model.llama3_tokenizer import write_llama3_tokenizer_files
         timed("build the Llama 3 tokenizer from llama-models", lambda: write_llama3_tokenizer_files(model_dir))
     if not (model_dir / "model.safetensors").is_file():
-        from tinyvllm.model.random_model import write_random_model
+        from tinyvllm.model.fixtures.random_model import write_random_model
         timed(f"write random Llama-3.2-1B-shaped {args.dtype} weights",
               lambda: write_random_model(model_dir, seed=0, dtype=args.dtype))
 

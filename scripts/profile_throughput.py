@@ -35,7 +35,7 @@ def main() -> int:
     from kernels_numba.common import cuda
     from tinyvllm.bench.config import BenchConfig
     from tinyvllm.bench.engine_runs import EngineFactory, drive_engine, warm_up
-    from tinyvllm.model.random_1b import prepare_random_model
+    from tinyvllm.model.fixtures.random_model import prepare_random_model
     from tinyvllm.bench.workloads import Workloads
     from tinyvllm.engine.engine import EngineConfig
     from tinyvllm.runner.kernel_plan import resolve_precision

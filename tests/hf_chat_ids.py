@@ -11,7 +11,7 @@ token ids the engine ran for each, e.g. RequestOutput.prompt_token_ids.
 from functools import lru_cache
 
 from tests.references import require
-from tinyvllm.model.demo import DEMO_MODEL_DIR
+from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 
 # A system message, several turns, whitespace the template trims (58 ids); a lone user message (39 ids).
 CONVERSATIONS = [

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from tinyvllm import bench
 from tinyvllm.bench import BenchConfig, Workloads
 from tinyvllm.cli.main import _parser, main
-from tinyvllm.model.demo import DEMO_MODEL_DIR
+from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.model.loader import load_model
 from tests.references import require
@@ -237,7 +237,7 @@ def test_hf_only_runs_just_the_hf_side_and_needs_compare(capsys, tmp_path):
 
 def test_random_model_dir_is_written_once_with_a_tokenizer_for_its_vocabulary(tmp_path):
     from tinyvllm.model.loader import load_model
-    from tinyvllm.model.random_model import LLAMA_3_2_1B_CONFIG
+    from tinyvllm.model.fixtures.random_model import LLAMA_3_2_1B_CONFIG
     tiny = dict(LLAMA_3_2_1B_CONFIG, vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     bench.prepare_random_model(tmp_path, tiny, log=lambda message: None)

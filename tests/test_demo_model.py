@@ -1,4 +1,4 @@
-"""The committed demo model is what tinyvllm/model/demo.py builds, and the goldens were made from it."""
+"""The committed demo model is what tinyvllm/model/fixtures/demo.py builds, and the goldens were made from it."""
 import hashlib
 import json
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tinyvllm.model.demo import DEMO_MODEL_DIR, LLAMA3_SPECIAL_TOKENS, build_demo_model
+from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR, build_demo_model
+from tinyvllm.model.llama3_tokenizer import LLAMA3_SPECIAL_TOKENS
 from tinyvllm.golden_check import DEFAULT_GOLDENS
 
 GOLDENS = DEFAULT_GOLDENS
@@ -31,7 +32,7 @@ def test_rebuild_reproduces_committed_file_byte_for_byte(tmp_path_factory, name)
     if not rebuilt.exists():
         build_demo_model(rebuilt)
     assert (rebuilt / name).read_bytes() == (DEMO_MODEL_DIR / name).read_bytes(), (
-        f"{name} differs from a fresh build: run `python -m tinyvllm.model.demo`, then remake the goldens")
+        f"{name} differs from a fresh build: run `python -m tinyvllm.model.fixtures.demo`, then remake the goldens")
 
 
 def test_special_tokens_sit_at_llama3_offsets_after_the_regular_vocab():

@@ -7,7 +7,7 @@ from tests.references import require
 torch = require("torch")
 require("transformers")
 
-from tinyvllm.model.demo import DEMO_MODEL_DIR  # noqa: E402
+from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR  # noqa: E402
 from tinyvllm.evaluation.backends import Failure, LoglikelihoodJob  # noqa: E402
 from tinyvllm.evaluation.hf_scoring import HFBackend, load_hf_model  # noqa: E402
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens  # noqa: E402

@@ -39,7 +39,7 @@ def test_lm_eval_through_tinyvllm_serve_agrees(tmp_path, capsys):
     part, ~2 minutes) as `tinyvllm eval` does: same answer, same accuracy, each choice's log-likelihood within
     1e-4. scripts/lm_eval_check.py's recorded runs (docs/eval.md) cover more questions."""
     from lm_eval_check import main
-    from tinyvllm.model.demo import DEMO_MODEL_DIR
+    from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
     subset = tmp_path / "subset.txt"
     subset.write_text("mmlu:clinical_knowledge/182\n")
     rc = main(["--model", str(DEMO_MODEL_DIR), "--subset", str(subset), "--max-context", "128",

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tinyvllm.model.demo import DEMO_MODEL_DIR
+from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens, check_goldens
 from tinyvllm.model.loader import load_model

@@ -14,7 +14,8 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kernels_numba.rope import rope_inv_freq, rope_ref
-from tinyvllm.model.demo import DEMO_MODEL_DIR, PROSE
+from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
+from tinyvllm.model.fixtures.demo_corpus import PROSE
 from tinyvllm.errors import ModelLoadError
 from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
 from tinyvllm.model.gguf.checkpoint import SUPPORTED_TYPES, permute_rope_rows, unpermute_rope_rows

@@ -18,7 +18,7 @@ from tinyvllm.bench.http_client import HttpRequest, HttpResult, completion_paylo
 from tinyvllm.bench.http_runs import compare_greedy
 from tinyvllm.cli.main import main
 from tinyvllm.model.config import ModelConfig
-from tinyvllm.model.demo import DEMO_MODEL_DIR
+from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 from tinyvllm.model.loader import load_model
 from tests.serving_helpers import ENGINE_OPTIONS, MODEL_NAME, quiet, start_server
 

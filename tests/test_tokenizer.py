@@ -1,13 +1,13 @@
-"""The Tokenizer on Llama 3's real vocabulary (built from Meta's tokenizer.model, see tests/llama3_vocab.py)."""
+"""The Tokenizer on Llama 3's real vocabulary (built from Meta's tokenizer.model, tinyvllm/model/llama3_tokenizer.py)."""
 import json
 import math
 
 import pytest
 from tokenizers import Regex, pre_tokenizers
 
-from tests.llama3_vocab import (LLAMA3_SPLIT_PATTERN, llama3_model_dir, meta_tokenizer_model_path,  # noqa: F401
-                                read_tiktoken_ranks)
+from tests.llama3_vocab import llama3_model_dir  # noqa: F401
 from tinyvllm.model.chat_template import LLAMA32_CHAT_TEMPLATE
+from tinyvllm.model.llama3_tokenizer import LLAMA3_SPLIT_PATTERN, meta_tokenizer_model_path, read_tiktoken_ranks
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.model.tokenizer import Tokenizer
 from tests.references import require

@@ -36,7 +36,7 @@ LLM.generate on the same prompts (--model: the server's model) and compares ever
 from tinyvllm.bench.command import main, run, run_bench
 from tinyvllm.bench.config import BATCHING_MODES, WORKLOADS, BenchConfig, add_arguments, config_from_args
 from tinyvllm.bench.report import comparisons, format_report, merge_reports, weight_bytes
-from tinyvllm.model.random_1b import prepare_random_model, write_placeholder_tokenizer
+from tinyvllm.model.fixtures.random_model import prepare_random_model, write_placeholder_tokenizer
 from tinyvllm.bench.workloads import Workloads, poisson_arrivals
 
 __all__ = ["BATCHING_MODES", "WORKLOADS", "BenchConfig", "Workloads", "add_arguments", "comparisons",

@@ -12,7 +12,7 @@ from tinyvllm.bench.engine_runs import EngineFactory, TINYVLLM_WORKLOADS, warm_u
 from tinyvllm.bench.hf_baseline import HFBaseline, HF_WORKLOADS, check_hf_available
 from tinyvllm.bench.report import (add_roofline, comparisons, copy_bandwidth, environment, format_report, merge_reports,
                      report_notes, weight_bytes, write_outputs)
-from tinyvllm.model.random_1b import prepare_random_model
+from tinyvllm.model.fixtures.random_model import prepare_random_model
 
 
 def run(args) -> int:

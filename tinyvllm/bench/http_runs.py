@@ -128,7 +128,7 @@ def run_http_bench(cfg: BenchConfig, log) -> int:
     from tinyvllm.model.config import ModelConfig
     from tinyvllm.model.loader import default_model_dir
     from tinyvllm.model.tokenizer import Tokenizer
-    from tinyvllm.model.random_1b import prepare_random_model
+    from tinyvllm.model.fixtures.random_model import prepare_random_model
     from tinyvllm.bench.report import format_report, weight_bytes, write_outputs
     t0 = time.perf_counter()
     model_dir = Path(cfg.model) if cfg.model else (prepare_random_model(Path(cfg.random_1b), log=log)

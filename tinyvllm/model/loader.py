@@ -16,12 +16,12 @@ import numpy as np
 
 from kernels_numba.rope import rope_inv_freq
 
-from tinyvllm.model.config import GenerationDefaults, ModelConfig
 from tinyvllm.errors import ModelLoadError, TinyVLLMError
-from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
-from tinyvllm.model.device_weights import DeviceWeights
-from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.log import log_to_stderr
+from tinyvllm.model.config import GenerationDefaults, ModelConfig
+from tinyvllm.model.device_weights import DeviceWeights
+from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
+from tinyvllm.model.tokenizer import Tokenizer
 from tinyvllm.model.weights import load_weights
 
 
@@ -36,7 +36,7 @@ class LoadedModel:
 
 
 def default_model_dir() -> Path:
-    from tinyvllm.model.demo import DEMO_MODEL_DIR
+    from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
     return DEMO_MODEL_DIR
 
 

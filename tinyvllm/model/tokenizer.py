@@ -10,8 +10,8 @@ from pathlib import Path
 
 import tokenizers
 
-from tinyvllm.model.chat_template import LLAMA32_CHAT_TEMPLATE, render_chat_template
 from tinyvllm.errors import ModelLoadError
+from tinyvllm.model.chat_template import LLAMA32_CHAT_TEMPLATE, render_chat_template
 
 
 @dataclass

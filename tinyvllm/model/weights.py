@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tinyvllm.model.config import ModelConfig, read_json_object
 from tinyvllm.errors import ModelLoadError
+from tinyvllm.model.config import ModelConfig, read_json_object
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

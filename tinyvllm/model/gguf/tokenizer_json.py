@@ -17,18 +17,17 @@ from __future__ import annotations
 
 from tinyvllm.errors import ModelLoadError
 from tinyvllm.model.gguf.checkpoint import GGUFCheckpoint
+from tinyvllm.model.llama3_tokenizer import LLAMA3_SPLIT_PATTERN
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's token types
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # tokenizer.ggml.pre -> (the regexes llama.cpp splits with, ignore_merges: a word already in the vocabulary
 # is one token without merging, as llama.cpp and Meta's tokenizer.json do for Llama 3)
 PRE_TOKENIZERS = {
-    "llama-bpe": ([LLAMA3_SPLIT], True),
-    "llama3": ([LLAMA3_SPLIT], True),
-    "llama-v3": ([LLAMA3_SPLIT], True),
+    "llama-bpe": ([LLAMA3_SPLIT_PATTERN], True),
+    "llama3": ([LLAMA3_SPLIT_PATTERN], True),
+    "llama-v3": ([LLAMA3_SPLIT_PATTERN], True),
     "smollm": ([r"\p{N}", GPT2_SPLIT], False),   # digits one by one, then GPT-2's split
     "starcoder": ([r"\p{N}", GPT2_SPLIT], False),
     "gpt-2": ([GPT2_SPLIT], False),
