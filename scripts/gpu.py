@@ -361,16 +361,27 @@ STEPS = {"check": check_steps, "compare": compare_steps, "bench": bench_steps, "
          "profile": profile_steps}
 
 
+def take_own_options(passed_on: list[str], args: argparse.Namespace) -> None:
+    """gpu.py's --out, --model-dir and --dry-run also when they come after TOOL or the pytest arguments (neither
+    the profile tools nor pytest have options of those names): taken out of what is passed on."""
+    for option in ("--out", "--model-dir", "--dry-run"):
+        while option in passed_on:
+            at = passed_on.index(option)
+            if option == "--dry-run":
+                args.dry_run = True
+                del passed_on[at]
+            else:
+                setattr(args, option[2:].replace("-", "_"), passed_on[at + 1])
+                del passed_on[at:at + 2]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    passed_on = getattr(args, "tool_args", None) or getattr(args, "pytest_args", None) or []
-    if "--dry-run" in passed_on:  # after TOOL or the pytest arguments: still gpu.py's own
-        passed_on.remove("--dry-run")
-        args.dry_run = True
+    take_own_options(getattr(args, "tool_args", None) or getattr(args, "pytest_args", None) or [], args)
     if args.command == "profile":
         args.tool = args.target
     if args.command in ("compare", "bench") and args.target in ("gguf", "eval") and not args.dry_run:
-        join_gguf_parts(SMOLLM2)
+        join_gguf_parts(args.model if args.model and args.model.endswith(".gguf") else SMOLLM2)
     return run_steps(STEPS[args.command](args), Path(args.out), args.dry_run)
 
 
