@@ -1,4 +1,4 @@
-"""lm-evaluation-harness as a real client of `tinyvllm serve` (issue 14, item 6): same questions, same answers.
+"""lm-evaluation-harness as a real client of `tinyvllm serve`: same questions, same answers.
 
 1. `tinyvllm eval` (in-process engine, 0-shot loglikelihood, --no-special-tokens: lm-eval adds no BOS) scores a
    stratified --limit of MMLU and writes OUT/tinyvllm/results.json.
