@@ -212,7 +212,7 @@ def suite_steps(args) -> list[Step]:
     unset = ("NUMBA_ENABLE_CUDASIM", "NUMBA_CACHE_DIR", "TINYVLLM_KERNEL_CACHE_DIR")
     probe = [PY, "-c", "from numba import cuda; d = cuda.get_current_device(); print('GPU:', d.name, "
              "d.compute_capability)"]
-    return [Step("gpu_probe", probe, 60, tail=1, unset=unset, required=True),
+    return [Step("gpu_probe", probe, 60, tail=4, unset=unset, required=True),
             Step("gpu_suite", argv, args.timeout_s, show=r"^(FAILED|ERROR) |^\d+\.\d+s |passed|failed",
                  env=env, unset=unset, signal="INT")]
 

@@ -1,7 +1,7 @@
 """scripts/gpu.py, the one entry point for the GPU checks: its help and every step's wiring, without a GPU.
 
-`--dry-run` prints each command a subcommand would run; every scripts/*.py a command names must exist, so a
-renamed or moved tool shows here rather than on the GPU.
+`--dry-run` prints each command a subcommand would run; every script and test file a command names must exist,
+so a renamed or moved one shows here rather than on the GPU.
 """
 import re
 import subprocess
@@ -47,5 +47,5 @@ def test_dry_run_names_existing_scripts(name, tmp_path):
             args += ["--model", str(tmp_path / "model.gguf")]
         text = gpu_py(*args, "--dry-run", "--out", str(tmp_path))
         assert text.strip(), args
-        for script in re.findall(r"scripts/[\w/]+\.(?:py|sh)", text):
-            assert (ROOT / script).is_file(), f"{args}: {script} does not exist"
+        for path in re.findall(r"(?:scripts|tests)/[\w/]+\.(?:py|sh)", text):
+            assert (ROOT / path).is_file(), f"{args}: {path} does not exist"
