@@ -8,8 +8,8 @@
     python scripts/gpu.py profile TOOL [TOOL'S OWN ARGS ...]   (gpu.py's options go before TOOL)
     python scripts/gpu.py SUBCOMMAND ... --dry-run             (prints the steps, runs nothing)
 
-Run it from the repository root after the GPU preamble of the lent machine (the numpy wheel, PYTHONPATH; see
-docs/bench-h200.md). Every step is a separate process under `timeout`, so one command fits a 10-minute call; the
+Run it from the repository root after the GPU machine's preamble (the numpy wheel on PYTHONPATH:
+scripts/README.md). Every step runs under `timeout`, and each target is sized for one 10-minute device call; the
 durations in --help are rough, measured on one H200 with a warm kernel cache. Steps needing the random
 Llama-3.2-1B-shaped model write it first (--model-dir, default /tmp/llama-1b-random) when it is missing.
 The exit status is the first failing step's.
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PY = "python3" if sys.executable.endswith("python3") else Path(sys.executable).name
+PY = sys.executable
 RANDOM_1B = "/tmp/llama-1b-random"
 SMOLLM2 = os.environ.get("SMOLLM2", "/tmp/gg/smol.gguf")
 TEST_FAILURES = r"^(FAILED|ERROR) |passed|failed|no tests ran"
@@ -35,12 +35,13 @@ TEST_FAILURES = r"^(FAILED|ERROR) |passed|failed|no tests ran"
 
 @dataclasses.dataclass
 class Step:
-    """One command of a subcommand: its log is OUT/<name>.log; `show` picks the lines the summary prints."""
+    """One command of a subcommand, its output in OUT/<name>.log. The summary prints the log's last `lines`
+    lines, of those matching the regex `show` when one is given."""
     name: str
     argv: list[str]
     timeout_s: int
-    show: str = ""          # a regex over the log's lines; empty: the last `tail` lines
-    tail: int = 3
+    show: str = ""
+    lines: int = 3
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     unset: tuple[str, ...] = ()
     signal: str = "TERM"    # INT lets pytest print what ran before it stops
@@ -56,13 +57,13 @@ def script(name: str, *args: str) -> list[str]:
 
 def gpu_tests(name: str, files: list[str], timeout_s: int, *pytest_args: str) -> Step:
     argv = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *pytest_args, *files]
-    return Step(name, argv, timeout_s, show=TEST_FAILURES, env={"TINYVLLM_TEST_GPU": "1"},
+    return Step(name, argv, timeout_s, show=TEST_FAILURES, lines=12, env={"TINYVLLM_TEST_GPU": "1"},
                 unset=("NUMBA_ENABLE_CUDASIM",))
 
 
 def prepare_random_1b(model_dir: str, tokenizer_gguf: str = "") -> Step:
     argv = script("write_random_1b.py", model_dir, *(["--tokenizer-from", tokenizer_gguf] if tokenizer_gguf else []))
-    return Step("random_model", argv, 300, tail=2, required=True)
+    return Step("random_model", argv, 300, lines=2, required=True)
 
 
 def join_gguf_parts(path: str) -> None:
@@ -101,32 +102,32 @@ CHECKS = {
 }
 
 
-def check_steps(args) -> list[Step]:
+def check_steps(args: argparse.Namespace) -> list[Step]:
     if args.target == "kernels":
         return [gpu_tests("gpu_tests_kernels", KERNEL_TESTS, 240),
-                Step("check_goldens", [PY, "-m", "tinyvllm.cli.main", "check-goldens"], 120, tail=1)]
+                Step("check_goldens", [PY, "-m", "tinyvllm.cli.main", "check-goldens"], 120, lines=1)]
     if args.target == "tc":
         return [gpu_tests("gpu_tests_tc", TC_TESTS, 200, "--durations=10"),
-                Step("check_tc_sass", script("check_tc_sass.py"), 100, tail=6),
+                Step("check_tc_sass", script("check_tc_sass.py"), 100, lines=6),
                 Step("sweep_tc_gemm", script("sweep_tc_gemm.py", "--tokens", "1024,4096", "--tiles", "default"), 120,
-                     show=r"^best|^correctness|to_bf16|torch"),
+                     show=r"^best|^correctness|to_bf16|torch", lines=40),
                 Step("time_prefill_attention", script("time_prefill_attention.py", "--kv-dtype", "bfloat16",
-                                                      "--tokens", "1024,4096"), 120, tail=14)]
+                                                      "--tokens", "1024,4096"), 120, lines=14)]
     if args.target == "kv-bf16":
         return [gpu_tests("gpu_tests_kv", KV_TESTS, 300, "--durations=10"),
-                Step("time_kv_dtype_decode", script("time_kv_dtype_decode.py"), 150, tail=8)]
+                Step("time_kv_dtype_decode", script("time_kv_dtype_decode.py"), 150, lines=8)]
     if args.target == "graphs":
         steps = [gpu_tests("gpu_tests_graphs", GRAPH_TESTS, 150, "--durations=10"), prepare_random_1b(args.model_dir)]
         for precision, timeout_s in (("fast", 180), ("fp32", 120)):
             steps.append(Step(f"time_prefill_graphs_{precision}", script(
                 "time_prefill_graphs.py", "--model-dir", args.model_dir, "--precision", precision), timeout_s,
-                show=r"max \|diff\||captured buckets|^Result|prefill step for"))
+                show=r"max \|diff\||captured buckets|^Result|prefill step for", lines=40))
         return steps
     assert args.target == "decode-warps", args.target
-    return [Step("time_decode_warps", script("time_decode_warps.py", "--warps", "2,4"), 90, tail=14),
+    return [Step("time_decode_warps", script("time_decode_warps.py", "--warps", "2,4"), 90, lines=14),
             prepare_random_1b(args.model_dir),
             Step("check_decode_warps_engine", script("check_decode_warps_engine.py", "--model-dir", args.model_dir),
-                 120, tail=2)]
+                 120, lines=2)]
 
 
 # ---- compare -------------------------------------------------------------------------------------------------
@@ -141,30 +142,29 @@ COMPARES = {
 }
 
 
-def compare_steps(args) -> list[Step]:
+def compare_steps(args: argparse.Namespace) -> list[Step]:
     out = args.out
     if args.target == "random-1b":
         return [Step("gpu_compare", script("gpu_compare.py", "--model-dir", args.model_dir, "--out", out), 240,
-                     show=r"^\| [0-9]|Result")]
+                     show=r"^\| [0-9]|Result", lines=40)]
     if args.target == "fast":
-        steps = [prepare_random_1b(args.model_dir),
-                 Step("fast_path_compare-random-1b", script("fast_path_compare.py", "--model", "random-1b",
-                                                            "--model-dir", args.model_dir, "--out", out), 240,
-                      show=r"^\| [0-9] \| [0-9]|^Result")]
+        verdicts = dict(show=r"^\| [0-9] \| [0-9]|^Result", lines=40)
+        random_1b = script("fast_path_compare.py", "--model", "random-1b", "--model-dir", args.model_dir, "--out", out)
+        steps = [prepare_random_1b(args.model_dir), Step("fast_path_compare-random-1b", random_1b, 240, **verdicts)]
         if args.model:
-            steps.append(Step("fast_path_compare-model", script("fast_path_compare.py", "--model", args.model,
-                                                                "--out", out), 180, show=r"^\| [0-9] \| [0-9]|^Result"))
+            other = script("fast_path_compare.py", "--model", args.model, "--out", out)
+            steps.append(Step("fast_path_compare-model", other, 180, **verdicts))
         return steps
     model = args.model or SMOLLM2
     if args.target == "gguf":
-        return [Step("gguf_compare", script("gguf_compare.py", model, "--out", out), 300, tail=12)]
+        return [Step("gguf_compare", script("gguf_compare.py", model, "--out", out), 300, lines=12)]
     assert args.target == "eval", args.target
     steps, limit = [], "1000"
     if model == "random-1b":
         steps, model, limit = [prepare_random_1b(args.model_dir, SMOLLM2)], args.model_dir, "300"
-    return steps + [Step("eval_compare_hf", script("eval_compare_hf.py", "--model", model, "--tasks",
-                                                   "mmlu,gpqa_diamond", "--limit", limit, "--out", f"{out}/eval-compare"),
-                         570, show=r"^\|| differ|PASS|FAIL|Error")]
+    argv = script("eval_compare_hf.py", "--model", model, "--tasks", "mmlu,gpqa_diamond", "--limit", limit,
+                  "--out", f"{out}/eval-compare")
+    return steps + [Step("eval_compare_hf", argv, 570, show=r"^\|| differ|PASS|FAIL|Error", lines=40)]
 
 
 # ---- bench ---------------------------------------------------------------------------------------------------
@@ -182,13 +182,13 @@ BENCH_HF_ARGS = ["--precision", "fast", "--compare", "hf", "--workload", "latenc
                  "--batching", "continuous", "--max-seconds", "60"]
 
 
-def bench_steps(args) -> list[Step]:
+def bench_steps(args: argparse.Namespace) -> list[Step]:
     if args.target == "hf":
         return [prepare_random_1b(args.model_dir),
                 Step("bench", [PY, "-m", "tinyvllm.bench", "--random-1b", args.model_dir, *BENCH_HF_ARGS,
-                               "--out", f"{args.out}/bench-fast"], 290, tail=22)]
+                               "--out", f"{args.out}/bench-fast"], 290, lines=22)]
     if args.target == "serve":
-        return [Step("serve_bench", ["bash", "scripts/serve_bench.sh"], 520, tail=20,
+        return [Step("serve_bench", ["bash", "scripts/serve_bench.sh"], 520, lines=20,
                      env={"OUT": f"{args.out}/serve-bench", "MODEL": args.model_dir})]
     assert args.target == "eval", args.target
     model, steps, extra = args.model or SMOLLM2, [], ["--fewshot-limit", "3000"]
@@ -196,12 +196,12 @@ def bench_steps(args) -> list[Step]:
         steps, model = [prepare_random_1b(args.model_dir, SMOLLM2)], args.model_dir
         extra = ["--fewshot-limit", "1000", "--max-seconds", "200"]
     return steps + [Step("eval_bench", script("eval_bench.py", "--model", model, "--out", f"{args.out}/eval-bench",
-                                              *extra), 570, show=r"^(?!\[|mmlu \().*", tail=12)]
+                                              *extra), 570, show=r"^(?!\[|mmlu \().*", lines=12)]
 
 
 # ---- suite ---------------------------------------------------------------------------------------------------
 
-def suite_steps(args) -> list[Step]:
+def suite_steps(args: argparse.Namespace) -> list[Step]:
     """The test suite with TINYVLLM_TEST_GPU=1 (tests/conftest.py then leaves the simulator off), interrupted
     by SIGINT before the call's limit so pytest still prints what ran; the kernel cache under ./.gpu-cache
     (ignored by git) makes a second call on a warm machine compile nothing."""
@@ -212,9 +212,9 @@ def suite_steps(args) -> list[Step]:
     unset = ("NUMBA_ENABLE_CUDASIM", "NUMBA_CACHE_DIR", "TINYVLLM_KERNEL_CACHE_DIR")
     probe = [PY, "-c", "from numba import cuda; d = cuda.get_current_device(); print('GPU:', d.name, "
              "d.compute_capability)"]
-    return [Step("gpu_probe", probe, 60, tail=4, unset=unset, required=True),
+    return [Step("gpu_probe", probe, 60, lines=4, unset=unset, required=True),
             Step("gpu_suite", argv, args.timeout_s, show=r"^(FAILED|ERROR) |^\d+\.\d+s |passed|failed",
-                 env=env, unset=unset, signal="INT")]
+                 lines=60, env=env, unset=unset, signal="INT")]
 
 
 # ---- profile -------------------------------------------------------------------------------------------------
@@ -257,8 +257,8 @@ TOOLS = {
 }
 
 
-def profile_steps(args) -> list[Step]:
-    tool = TOOLS[args.tool]
+def profile_steps(args: argparse.Namespace) -> list[Step]:
+    tool = TOOLS[args.target]
     tool_args = args.tool_args or tool.args
     steps = []
     if tool.needs_model:
@@ -266,7 +266,7 @@ def profile_steps(args) -> list[Step]:
         if args.model_dir != "demo":
             steps.append(prepare_random_1b(args.model_dir))
     name = Path(tool.script).stem
-    return steps + [Step(name, script(tool.script, *tool_args), tool.timeout_s, tail=40)]
+    return steps + [Step(name, script(tool.script, *tool_args), tool.timeout_s, lines=40)]
 
 
 # ---- running -------------------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def summary_lines(log: Path, step: Step) -> list[str]:
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     if step.show:
         lines = [line for line in lines if re.search(step.show, line)]
-    return lines[-max(step.tail, 40 if step.show else 0):]
+    return lines[-step.lines:]
 
 
 def run_steps(steps: list[Step], out: Path, dry_run: bool) -> int:
@@ -318,7 +318,8 @@ def parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TARGETS)
     subs = top.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
 
-    def sub(name: str, summary: str, choices: dict[str, str] | None = None, default: str = "") -> argparse.ArgumentParser:
+    def sub(name: str, summary: str, choices: dict[str, str] | None = None,
+            default: str = "") -> argparse.ArgumentParser:
         p = subs.add_parser(name, help=summary, description=summary,
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="\n".join(f"  {k:<24}{v}" for k, v in (choices or {}).items()) or None)
@@ -378,8 +379,7 @@ def take_own_options(passed_on: list[str], args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     take_own_options(getattr(args, "tool_args", None) or getattr(args, "pytest_args", None) or [], args)
-    if args.command == "profile":
-        args.tool = args.target
+    args.out = str(Path(args.out).resolve())  # the steps run from the repository root
     if args.command in ("compare", "bench") and args.target in ("gguf", "eval") and not args.dry_run:
         join_gguf_parts(args.model if args.model and args.model.endswith(".gguf") else SMOLLM2)
     return run_steps(STEPS[args.command](args), Path(args.out), args.dry_run)
