@@ -5,12 +5,12 @@
     python scripts/gpu.py compare [random-1b|fast|gguf|eval] [--model PATH]
     python scripts/gpu.py bench [hf|eval|serve] [--model PATH]
     python scripts/gpu.py suite [PYTEST ARGS ...]
-    python scripts/gpu.py profile TOOL [TOOL'S OWN ARGS ...]   (gpu.py's options go before TOOL)
+    python scripts/gpu.py profile TOOL [TOOL'S OWN ARGS ...]   (the tool's defaults are replaced)
     python scripts/gpu.py SUBCOMMAND ... --dry-run             (prints the steps, runs nothing)
 
 Run it from the repository root after the GPU machine's preamble (the numpy wheel on PYTHONPATH:
 scripts/README.md). Every step runs under `timeout`, and each target is sized for one 10-minute device call; the
-durations in --help are rough, measured on one H200 with a warm kernel cache. Steps needing the random
+durations in --help are rough, from earlier H200 runs of the same steps with a warm kernel cache. Steps needing the random
 Llama-3.2-1B-shaped model write it first (--model-dir, default /tmp/llama-1b-random) when it is missing.
 The exit status is the first failing step's.
 """
@@ -318,8 +318,8 @@ def parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TARGETS)
     subs = top.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
 
-    def sub(name: str, summary: str, choices: dict[str, str] | None = None,
-            default: str = "") -> argparse.ArgumentParser:
+    def sub(name: str, summary: str, choices: dict[str, str] | None = None, default: str = "",
+            random_model: bool = True) -> argparse.ArgumentParser:
         p = subs.add_parser(name, help=summary, description=summary,
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="\n".join(f"  {k:<24}{v}" for k, v in (choices or {}).items()) or None)
@@ -329,8 +329,9 @@ def parser() -> argparse.ArgumentParser:
         elif choices:
             p.add_argument("target", choices=list(choices), help="what to run (listed below)")
         p.add_argument("--out", default=os.environ.get("OUT", "out"), help="logs go here (default $OUT or ./out)")
-        p.add_argument("--model-dir", default=RANDOM_1B, help="the random Llama-3.2-1B-shaped model, written if "
-                                                              "missing (default %(default)s)")
+        if random_model:
+            p.add_argument("--model-dir", default=RANDOM_1B, help="the random Llama-3.2-1B-shaped model, written "
+                                                                  "if missing (default %(default)s)")
         p.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
         return p
 
@@ -341,10 +342,12 @@ def parser() -> argparse.ArgumentParser:
     bench = sub("bench", "~5 min: tinyvllm bench --compare hf with the standard settings (or eval / serve)",
                 BENCHES, "hf")
     bench.add_argument("--model", help="eval: a .gguf, an HF dir or random-1b (default $SMOLLM2)")
-    suite = sub("suite", "~10 min a call: the test suite on the GPU (any pytest arguments; default tests/)")
+    suite = sub("suite", "~10 min a call: the test suite on the GPU (any pytest arguments; default tests/)",
+                random_model=False)
     suite.add_argument("--timeout-s", type=int, default=int(os.environ.get("SUITE_TIMEOUT", 570)),
                        help="interrupt pytest after this long (default %(default)s, under a 600 s call)")
-    suite.add_argument("pytest_args", nargs=argparse.REMAINDER, help="e.g. tests/test_[a-m]*.py")
+    suite.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                       help="a test path first, then any pytest options: tests/test_[a-m]*.py, tests -k kernels")
     profile = sub("profile", "~1-3 min: one profile / sweep / timing tool, its standard arguments or yours",
                   {name: tool.help for name, tool in TOOLS.items()})
     profile.add_argument("tool_args", nargs=argparse.REMAINDER, help="the tool's own arguments (replace the "
@@ -365,7 +368,8 @@ STEPS = {"check": check_steps, "compare": compare_steps, "bench": bench_steps, "
 def take_own_options(passed_on: list[str], args: argparse.Namespace) -> None:
     """gpu.py's --out, --model-dir and --dry-run also when they come after TOOL or the pytest arguments (neither
     the profile tools nor pytest have options of those names): taken out of what is passed on."""
-    for option in ("--out", "--model-dir", "--dry-run"):
+    own = ["--out", "--dry-run"] + (["--model-dir"] if "model_dir" in args else [])
+    for option in own:
         while option in passed_on:
             at = passed_on.index(option)
             if option == "--dry-run":
