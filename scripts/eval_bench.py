@@ -63,7 +63,7 @@ def main() -> int:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
             max_model_len=args.max_context, enable_prefix_caching=prefix_caching), log=log)
-        if timed:  # every graph before the timed run (Round 9's runs captured the 512-token bucket inside it)
+        if timed:  # every graph captured before the timed run, so no capture is timed with the questions
             made.capture_graphs(log)
         return made
 

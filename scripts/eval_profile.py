@@ -1,4 +1,4 @@
-"""Where `tinyvllm eval`'s time goes: host scheduling, prefill kernels, logits/logprobs, tokenization (issue 14, item 5).
+"""Where `tinyvllm eval`'s time goes: host scheduling, prefill kernels, logits/logprobs, tokenization.
 
 Runs MMLU 0-shot loglikelihood (a stratified --limit, or all 14,042) through the in-process engine once for
 warm-up (kernels compile), then once timed with each phase's time measured by wrapping the engine's methods

@@ -6,7 +6,7 @@ bf16's own distance from HF float32, stage by stage and in greedy tokens. On a G
                                         [--new-tokens 32] [--long-prompt 512] [--out DIR] [--hf-device cuda]
     NUMBA_ENABLE_CUDASIM=1 python scripts/fast_path_compare.py --model tinyvllm/model/demo_model --hf-device cpu \
         --new-tokens 3 --long-prompt 0                            # a slow dry run of the script itself
-    python scripts/fast_path_compare.py --recheck REPORT.json[.gz]  # today's rules on an earlier run's numbers
+    python scripts/fast_path_compare.py --recheck REPORT.json[.gz]  # the current rules on an earlier run's numbers
 
 Inputs: the random 1B model gets seeded random token ids (its tokenizer may be a placeholder), a real model three
 chat prompts; both also one long prompt (512 tokens), so the one step that prefills all prompts together has ~600
@@ -30,8 +30,8 @@ pass by the same 2x rule against HF bf16's own error there, floored at one ulp: 
 bf16 holds the value in bf16, so a half ulp is its error's scale even where its one draw lands near 0). The rest of
 the stage passes by the rule above, computed without them (spread, fast_b and fast_f over the other elements,
 relative to their max). The report also says which stages the whole-stage rule alone would fail.
-(A first version asked massive elements for <= 1 ulp outright: on the H200 it failed 14 stages at 1.05 to 4.6 ulps
-where HF bf16's own error at the same elements reached 13.5 ulps: the bar was below HF bf16's own.)
+(A flat bar such as <= 1 ulp would sit below HF bf16's own error at those elements; the runs that showed it:
+docs/bench-h200.md, Round 9.)
 Greedy (the engine's generate: prefill on tensor cores, then the decode steps it runs): the fast tokens must equal
 HF bf16's up to the first step where HF bf16's own top-2 logit margin is below 2 x the logits spread (both top
 logits may move by the spread, in opposite directions); the first step where the margin falls below 1 x the

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness as a real client of `tinyvllm serve` (issue 14, item 6): same questions, same answers.
+"""lm-evaluation-harness as a real client of `tinyvllm serve`: same questions, same answers.
 
 1. `tinyvllm eval` (in-process engine, 0-shot loglikelihood, --no-special-tokens: lm-eval adds no BOS) scores a
    stratified --limit of MMLU and writes OUT/tinyvllm/results.json.
@@ -14,7 +14,7 @@
    nats, and lm-eval's own reported accuracy equal to tinyvllm eval's up to those near ties. The same engine
    runs both sides, but not the same batches: in the simulator the scores are equal (the default 1e-4 is loose);
    on a GPU a step's kernels depend on its size (GEMV or GEMM, tiles), so float32 sums round differently and
-   scripts/lm_eval_h200.sh uses eval_compare_hf.py's bounds (--score-tol 2e-2, --margin 5e-3). Writes
+   scripts/lm_eval_gpu.sh uses eval_compare_hf.py's bounds (--score-tol 2e-2, --margin 5e-3). Writes
    OUT/lm_eval_check.json.
 
 Needs `pip install "lm-eval[api]"` (datasets, tenacity, aiohttp) and `tinyvllm serve`; --model must be an HF directory

@@ -1,18 +1,17 @@
-"""gemm_tc (or prefill_tc) compiled for the H200 (sm_90) on a machine without a GPU: registers, spills and the main
+"""gemm_tc (or prefill_tc) compiled for sm_90 (the H200) on a machine without a GPU: registers, spills and the main
 loop's instructions.
 
     python scripts/offline_sass.py [--tiles 128x128x64x2x2x3,64x128x64x2x2x3] [--residual] [--split] [--swiglu]
     python scripts/offline_sass.py --prefill-tc [16,32]
 
-What a kernel costs per K slice is in its SASS: Round 10 found gemm_tc's main loop issuing 373 instructions for its
-64 HMMA (64-bit index arithmetic around every cp.async and ldmatrix) this way, and cut it to 208, before any GPU
-call. For each tile: numba compiles the kernel to PTX for compute capability 9.0 (no driver needed once device
+What a kernel costs per K slice is in its SASS: integer work around the HMMAs (64-bit index arithmetic around
+every cp.async and ldmatrix) shows as extra instructions in the main loop, before any GPU call. For each tile: numba compiles the kernel to PTX for compute capability 9.0 (no driver needed once device
 functions are told the capability), ptxas assembles it (registers, spill bytes), and, with nvdisasm, the loop that
 holds the HMMAs is found (the backward branch whose body has the most of them) and its instructions counted by
 opcode. --prefill-tc does the same for prefill_tc's kernel as the fast precision launches it for Llama-3.2-1B (bf16
 pool, head_dim 64, group 4, TC_WARPS warps, TC_KEY_TILE-key tiles; the pool's block size 16 as EngineConfig's
-default), whose main loop is the key-tile loop (64 HMMA a tile at that shape): 798 instructions a tile when first
-measured, 453 once its copies, stage, loop counter and mask were cut to 32-bit work (133 -> 132 registers, no spills).
+default), whose main loop is the key-tile loop (64 HMMA a tile at that shape). The counts measured so far, and
+what cutting the index work to 32 bits saved: docs/bench-h200.md (Offline SASS).
 
 Tools (not dependencies of tinyvllm; pip wheels in a scratch venv are enough): ptxas (nvidia-cuda-nvcc), nvdisasm
 (nvidia-cuda-nvdisasm), and an NVRTC library numba loads while compiling (nvidia-cuda-nvrtc: put its lib folder on

@@ -1,4 +1,4 @@
-"""Where a prompt's time to first token goes, host and GPU, as the bench measures it (issue 15's TTFT targets).
+"""Where a prompt's time to first token goes, host and GPU, as the bench measures it.
 
     python scripts/profile_ttft.py [--model-dir /tmp/llama-1b-random] [--tokens 1024,4096] [--repeats 5]
 

@@ -1,4 +1,5 @@
-"""decode_gqa vs decode_warps on a bf16 KV pool, on the H200 (issue 15: the 256-request workload's decode attention).
+"""decode_gqa vs decode_warps on a bf16 KV pool, on a GPU: decode attention at the large batches of the
+256-request workload.
 
     python scripts/time_decode_warps.py [--cases 64x1024,256x512,256x1024] [--repeats 20] [--warps 4]
                                         [--max-registers 0] [--no-timing]

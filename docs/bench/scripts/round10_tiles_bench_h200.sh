@@ -2,7 +2,7 @@
 # Round 10 on one H200, one call (~8 minutes): the tiles tile_for now picks (DEFAULT_TILE 64 x 128 x 64 over 3 stages,
 # LARGE_TILE 128 x 128 x 32 over 4, both past 48 KB of dynamic shared memory), then the bench against HF.
 # After GPU.md's preamble (carry [".whl"]; PYTHONPATH=/tmp/site:$PWD), from the repository root:
-#   bash scripts/round10_tiles_bench_h200.sh          logs under $OUT (or ./out)
+#   bash docs/bench/scripts/round10_tiles_bench_h200.sh          logs under $OUT (or ./out)
 # 1. check_tc_sass: the planned tiles (the residual epilogue and split-K included) without local memory;
 # 2. test_gemm_tc on the GPU;
 # 3. the sweep at decode-batch sizes (128, 256 rows) over the old and new planned tiles: tile_for's choice at 128 rows

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Round 11 on one H200, two calls on a warm machine (carry [".whl"], GPU.md's preamble first):
-#   bash scripts/round11_h200.sh checks   (~4.5 min) GPU tests of every kernel this round touched (rmsnorm's bf16 copy,
+#   bash docs/bench/scripts/round11_h200.sh checks   (~4.5 min) GPU tests of every kernel this round touched (rmsnorm's bf16 copy,
 #       rope_qkv and to_bf16_rows in rows, gemm_tc's SwiGLU epilogue and 32-bit shared addresses, prefill_tc's
 #       32-bit key-tile loop), then timings: gate|up fused vs unfused, prefill attention (and capped at 128
 #       registers), gemm_tc at the plan's tiles with to_bf16 beside it
-#   bash scripts/round11_h200.sh bench    (~6 min) scripts/fast_path_compare.py on the random 1B model against HF
+#   bash docs/bench/scripts/round11_h200.sh bench    (~6 min) scripts/fast_path_compare.py on the random 1B model against HF
 #       bf16 / fp32, then the bench against HF (latency, prefill 1,024 / 4,096, the 256-request workload)
 # Logs under $OUT (or ./out); a short summary last.
 set -uo pipefail
@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore XDG_CACHE_HOME=${XDG_CACHE_HOME:
 MODEL=/tmp/llama-1b-random
 case "${1:-checks}" in
 checks)
-  SUITE_TIMEOUT=210 OUT=$OUT bash scripts/gpu_suite.sh tests/test_rmsnorm.py tests/test_rope.py tests/test_gemm_tc.py \
+  SUITE_TIMEOUT=210 OUT=$OUT bash docs/bench/scripts/gpu_suite.sh tests/test_rmsnorm.py tests/test_rope.py tests/test_gemm_tc.py \
     tests/test_prefill_tc.py tests/test_mma.py tests/test_precision.py tests/test_prefill_graphs.py \
     tests/test_debugger_precision.py tests/test_kernel_cache.py 2>&1 | tail -25
   timeout 30 python3 scripts/check_tc_sass.py > "$OUT/check_tc_sass.log" 2>&1

@@ -1,6 +1,6 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit
 # Issue 15, prefill CUDA graphs (tinyvllm/runner/prefill_graphs.py), on one H200 in one call of under 8 minutes (carry [".whl"]):
-#   bash scripts/prefill_graphs_h200.sh        logs under $OUT (or ./out); a short summary last
+#   bash docs/bench/scripts/prefill_graphs_h200.sh        logs under $OUT (or ./out); a short summary last
 # 1. the GPU tests: prefill graphs against the eager path (logits and KV writes bit for bit, both precisions, the
 #    demo model), the prefill kernels skipping empty tiles, the decode graphs (their shared base class);
 # 2. scripts/time_prefill_graphs.py on the random Llama-3.2-1B-shaped model, fast and fp32: logits graph vs eager

@@ -1,6 +1,6 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit
 # Issue 15 (tensor cores), everything to check on one H200 in one call of under 8 minutes (carry [".whl"]):
-#   bash scripts/tc_gpu_check.sh          logs under $OUT (or ./out); a short summary last
+#   bash docs/bench/scripts/tc_gpu_check.sh          logs under $OUT (or ./out); a short summary last
 # 1. GPU tests of mma.py's intrinsics, gemm_tc (every model projection shape) and the tensor-core prefill attention
 #    (attention/prefill_tc.py), and, beside them, of every kernel
 #    test the layout / epilogue commits touched (matmul, attention, paged attention, rope, CUDA graphs, demo goldens);

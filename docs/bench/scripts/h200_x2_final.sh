@@ -2,7 +2,7 @@
 # Two H200s of one host, at the same time: GPU 0 runs tinyvllm (GPU tests, decode profile, bench
 # latency/prefill/throughput, the gemv and decode-attention sweeps), GPU 1 runs the 1B-shaped comparison with HF and the
 # same bench workloads through HF only; then one merged report (ratios) from both bench.json files.
-#   bash scripts/h200_x2_final.sh    (logs under $OUT; SWEEPS=0 skips the two sweeps)
+#   bash docs/bench/scripts/h200_x2_final.sh    (logs under $OUT; SWEEPS=0 skips the two sweeps)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore

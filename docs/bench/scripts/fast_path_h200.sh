@@ -1,7 +1,7 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit
 # Issue 15, the fast path (--precision fast) on one H200, in one call of under 8 minutes (carry [".whl"], and the
 # SmolLM2 GGUF as /tmp/gg/smol.gguf or as .gguf/smollm2.part.* pieces, see docs/gguf.md):
-#   bash scripts/fast_path_h200.sh [compare|bench|all]      logs under $OUT (or ./out); a short summary last
+#   bash docs/bench/scripts/fast_path_h200.sh [compare|bench|all]      logs under $OUT (or ./out); a short summary last
 # 1. scripts/fast_path_compare.py on the random Llama-3.2-1B-shaped model and on SmolLM2: the fast path against HF
 #    transformers bf16, beside HF bf16's own spread from HF float32, per stage and in greedy tokens;
 # 2. tinyvllm bench --precision fast --compare hf: prefill TTFT at 1,024 and 4,096 tokens and the nano-vllm

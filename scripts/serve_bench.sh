@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 13 item 7 on the H200: `tinyvllm serve` measured from outside (`tinyvllm bench --base-url`), beside the
-# offline engine, on a random Llama-3.2-1B-shaped model with the same engine options.
-#   bash scripts/serve_bench_h200.sh               (~5 min, never more than 8; logs and results under $OUT)
-#   DRY_RUN=1 bash scripts/serve_bench_h200.sh     (the simulator, the demo model, tiny sizes: checks the script)
+# `tinyvllm serve` measured from outside (`tinyvllm bench --base-url`), beside the offline engine, on the random
+# Llama-3.2-1B-shaped model ($MODEL, default /tmp/llama-1b-random) with the same engine options.
+#   bash scripts/serve_bench.sh               (~5 min on the H200, never more than 8; logs and results under $OUT)
+#   DRY_RUN=1 bash scripts/serve_bench.sh     (the simulator, the demo model, tiny sizes: checks the script)
+#   python scripts/gpu.py bench serve         (the same, from the GPU entry point)
 # 1. offline: tinyvllm bench --workload throughput --batching continuous (256 requests, prompt and output U[100,1024])
 # 2. tinyvllm serve (same engine options) in the background; tinyvllm bench --base-url --workload throughput sends
 #    the very same 256 requests, streamed, all at once (request rate inf), after a warm-up burst; --check-greedy

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on the GPU: TINYVLLM_TEST_GPU=1 makes tests/conftest.py leave the CUDA simulator off.
-#   bash scripts/gpu_suite.sh                                # every test under tests/
-#   bash scripts/gpu_suite.sh tests/test_bench.py -k kernels # or any pytest arguments
+#   bash docs/bench/scripts/gpu_suite.sh                                # every test under tests/
+#   bash docs/bench/scripts/gpu_suite.sh tests/test_bench.py -k kernels # or any pytest arguments
 # The full log goes to $OUT/gpu_suite.log (and $OUT/gpu_suite.xml); what is printed last is the failures, the
 # slowest tests and pytest's summary line. Compiled kernels are cached under ./.gpu-cache (XDG_CACHE_HOME; ignored
 # by git, kept on a warm machine), so a second call compiles nothing. SUITE_TIMEOUT (default 570 s) interrupts
 # pytest before a 600 s command limit, and pytest still prints what ran; call again to go on with a warm cache,
-# or run it in two halves: bash scripts/gpu_suite.sh tests/test_[a-m]*.py; bash scripts/gpu_suite.sh tests/test_[n-z]*.py
+# or run it in two halves: bash docs/bench/scripts/gpu_suite.sh tests/test_[a-m]*.py; bash docs/bench/scripts/gpu_suite.sh tests/test_[n-z]*.py
 set -uo pipefail
 OUT=${OUT:-out/gpu-suite}
 mkdir -p "$OUT"

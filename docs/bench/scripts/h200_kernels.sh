@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200, kernels only: the GPU tests of the kernels that changed, the linear crossover (gemv vs gemm,
-# split-K, 8x8), and the decode profile per stage.   bash scripts/h200_kernels.sh   (logs under $OUT)
+# split-K, 8x8), and the decode profile per stage.   bash docs/bench/scripts/h200_kernels.sh   (logs under $OUT)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tinyvllm eval on the H200 (issue 14, items 4 and 5). Run after GPU.md's preamble (the numpy wheel and
 # PYTHONPATH=/tmp/site:$PWD), from the repository root, one case per GPU call (each takes up to ~10 minutes):
-#   bash scripts/eval_bench_h200.sh compare-smollm2   # item 4: tinyvllm vs HF float32, same questions/prompts
-#   bash scripts/eval_bench_h200.sh compare-1b
-#   bash scripts/eval_bench_h200.sh bench-smollm2     # item 5: full MMLU 0-shot vs HF bf16; 5-shot caching
-#   bash scripts/eval_bench_h200.sh bench-1b
+#   bash docs/bench/scripts/eval_bench_h200.sh compare-smollm2   # item 4: tinyvllm vs HF float32, same questions/prompts
+#   bash docs/bench/scripts/eval_bench_h200.sh compare-1b
+#   bash docs/bench/scripts/eval_bench_h200.sh bench-smollm2     # item 5: full MMLU 0-shot vs HF bf16; 5-shot caching
+#   bash docs/bench/scripts/eval_bench_h200.sh bench-1b
 # Models:
 #   SmolLM2-135M-Instruct: $SMOLLM2, a .gguf or an HF directory (default /tmp/smollm2.gguf, joined from
 #     .gguf/smollm2.part.* when those were carried: the file is 98 MB, over one call's 64 MiB carry; see

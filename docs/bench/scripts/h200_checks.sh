@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks as run on the lent H200 (see /work/shared/GPU.md for the numpy wheel).
-#   bash scripts/h200_checks.sh correctness   # kernel tests on the GPU, demo goldens, 1B-shaped vs HF
-#   bash scripts/h200_checks.sh bench-latency # tinyvllm bench latency + prefill, beside HF
-#   bash scripts/h200_checks.sh bench-throughput
+#   bash docs/bench/scripts/h200_checks.sh correctness   # kernel tests on the GPU, demo goldens, 1B-shaped vs HF
+#   bash docs/bench/scripts/h200_checks.sh bench-latency # tinyvllm bench latency + prefill, beside HF
+#   bash docs/bench/scripts/h200_checks.sh bench-throughput
 # Logs and results go to $OUT (or ./out).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"

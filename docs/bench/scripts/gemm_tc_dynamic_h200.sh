@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gemm_tc from dynamic shared memory (tiles past 48 KB), on one H200, in one call of ~6 minutes: after GPU.md's
 # preamble (carry [".whl"]; PYTHONPATH=/tmp/site:$PWD), from the repository root:
-#   bash scripts/gemm_tc_dynamic_h200.sh          logs under $OUT (or ./out)
+#   bash docs/bench/scripts/gemm_tc_dynamic_h200.sh          logs under $OUT (or ./out)
 # 1. the GPU tests of gemm_tc, mma and the kernel cache (tiles past 48 KB launched and checked against the bound);
 # 2. check_tc_sass (HMMA / LDSM / LDGSTS present, no spills in the tiles tile_for picks);
 # 3. the sweep at 1,024 and 4,096 tokens over today's tiles 0 and 5 and the ten new ones (10-19).

@@ -1,6 +1,6 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit
 # Issue 15, the bf16 KV pool, on one H200 in one call of under 8 minutes (carry [".whl"]):
-#   bash scripts/kv_bf16_gpu_check.sh          logs under $OUT (or ./out); a short summary last
+#   bash docs/bench/scripts/kv_bf16_gpu_check.sh          logs under $OUT (or ./out); a short summary last
 # 1. the GPU tests of every kernel that writes or reads the pool, both pool dtypes (tests parametrized over
 #    float32 / uint16): write_kv_paged, rope_qkv, the RoPE + K/V epilogue of gemv_fused, per_query, decode_gqa,
 #    flash_decode, prefill_gqa, prefill_tc (cp.async copies of bf16 rows), the KV pool, the demo model end to end

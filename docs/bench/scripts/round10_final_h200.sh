@@ -2,7 +2,7 @@
 # Round 10, last call on one H200 (~6 minutes): the engine on decode_warps vs decode_gqa (greedy tokens), the bench
 # against HF with Round 10's plan (LARGE_TILE 128 x 128 x 64, decode_warps from batch 64), then where a 1,024- and a
 # 4,096-token prompt's time to first token goes. After GPU.md's preamble (carry [".whl"]), from the repository root:
-#   bash scripts/round10_final_h200.sh          logs under $OUT (or ./out)
+#   bash docs/bench/scripts/round10_final_h200.sh          logs under $OUT (or ./out)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200: the GPU tests, the decode profile (graph vs eager, per stage), then the throughput workload in
-# static batching to completion (issue 3 item 8).   bash scripts/h200_static.sh   (logs under $OUT)
+# static batching to completion (issue 3 item 8).   bash docs/bench/scripts/h200_static.sh   (logs under $OUT)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# lm-evaluation-harness against `tinyvllm serve` on the H200 with SmolLM2-135M-Instruct (issue 14, item 6):
+# lm-evaluation-harness against `tinyvllm serve` on a GPU with SmolLM2-135M-Instruct:
 # scripts/lm_eval_check.py --limit 200, the same questions scored by `tinyvllm eval` and by
 # `lm_eval --model local-completions` through the server; PASS when answers, accuracy and scores agree.
 #
 # The GPU image has no registry and lacks lm-eval and part of what it needs (datasets, evaluate, pytablewriter,
 # sqlitedict, ...; it has torch, transformers, pyarrow, pandas, aiohttp, scikit-learn, sacrebleu). Two steps:
-#   here, once (any machine with pip and PyPI):   bash scripts/lm_eval_h200.sh prepare [DIR]
+#   here, once (any machine with pip and PyPI):   bash scripts/lm_eval_gpu.sh prepare [DIR]
 #       downloads those wheels (pure Python, ~13 MB) into DIR (default gpuwheels/lmeval, keep it out of git);
-#   on the GPU, carrying DIR and .whl (GPU.md):   bash scripts/lm_eval_h200.sh run [DIR]
+#   on the GPU, carrying DIR and .whl (GPU.md):   bash scripts/lm_eval_gpu.sh run [DIR]
 #       installs them (and .whl's numpy) into /tmp/site, converts /tmp/gg/smol.gguf (or $SMOLLM2) with
 #       `tinyvllm convert`, runs the check, prints a summary; logs and results under $OUT (or ./out).
 set -uo pipefail

@@ -3,8 +3,8 @@
 # compiler sees, one-add copy addresses, stage counters: ptxas, 128 x 128 x 32 over 4 stages, main loop 373 -> 208
 # instructions a slice for the same 64 HMMA; registers 252 -> 222, 64 x 128 x 64: 244 -> 130), then the bench.
 # After GPU.md's preamble (carry [".whl"]; PYTHONPATH=/tmp/site:$PWD), from the repository root:
-#   bash scripts/round10_gemm_loop_h200.sh checks   steps 1-4, logs under $OUT (or ./out)
-#   bash scripts/round10_gemm_loop_h200.sh bench    step 5
+#   bash docs/bench/scripts/round10_gemm_loop_h200.sh checks   steps 1-4, logs under $OUT (or ./out)
+#   bash docs/bench/scripts/round10_gemm_loop_h200.sh bench    step 5
 # 1. check_tc_sass (no local memory in the planned tiles, prefill_tc included: its ldmatrix / cp.async changed too);
 # 2. the GPU tests of mma, gemm_tc and prefill_tc (and decode_warps, where its test file is present);
 # 3. the sweep at 128 / 256 / 1,024 / 4,096 rows over the planned tiles and the candidates the lower register counts
