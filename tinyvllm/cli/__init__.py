@@ -28,7 +28,8 @@ class Command:
 # debugger/: these module paths are the one place tinyvllm names the debugger (strings, never imports).
 COMMANDS = {
     "generate": Command("tinyvllm.cli.generate", "generate for one or many prompts, print results and metrics"),
-    "check-goldens": Command("tinyvllm.cli.check_goldens", "compare every stage of the forward pass with a golden file"),
+    "check-goldens": Command("tinyvllm.cli.check_goldens",
+                             "compare every stage of the forward pass with a golden file"),
     "bench": Command("tinyvllm.cli.bench", "benchmark latency, prefill, throughput and serving (optionally vs HF)"),
     "serve": Command("tinyvllm.cli.serve", "serve the model: OpenAI-compatible HTTP API, or --jsonl on stdin/stdout"),
     "convert": Command("tinyvllm.cli.convert", "write a GGUF model as an HF model directory"),

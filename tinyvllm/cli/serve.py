@@ -59,15 +59,15 @@ def run(args) -> int:
         raise TinyVLLMError("--max-waiting and --shutdown-timeout must be >= 0")
     if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
         raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
-    if args.debug:  # the debugger's front end of this server (the one command module tinyvllm/ cannot import)
+    if args.debug:  # a debugger front end: loaded by its module path, as tinyvllm imports no debugger
         return load(SERVE_DEBUG).run(args)
     from tinyvllm.serving.engine_loop import EngineLoop
     if args.jsonl:
         from tinyvllm.serving import jsonl_loop
         engine = _ready_engine(args)
         log = lambda message: print(message, file=sys.stderr, flush=True)
-        return jsonl_loop.run(EngineLoop(engine, log=log, recorder=_recorder(args, engine)), sys.stdin, sys.stdout, stream=args.stream,
-                              shutdown_timeout=args.shutdown_timeout, log=log)
+        return jsonl_loop.run(EngineLoop(engine, log=log, recorder=_recorder(args, engine)), sys.stdin, sys.stdout,
+                              stream=args.stream, shutdown_timeout=args.shutdown_timeout, log=log)
     sock = listen(args.host, args.port)  # before the model loads: a busy port fails at once
     engine = _ready_engine(args)
     return serve_http(EngineLoop(engine, max_waiting=args.max_waiting, recorder=_recorder(args, engine)), sock,
