@@ -150,6 +150,17 @@ def test_help_shows_defaults_and_every_flag_has_help(capsys):
     assert "token budget per step (default: 512)" in out and "(default: None)" not in out
 
 
+def test_a_command_loads_only_its_own_module():
+    """`tinyvllm generate` parses without the server's or the debugger's packages (a fresh interpreter)."""
+    import subprocess
+    import sys
+    code = ("import sys; from tinyvllm.cli import parse_args; parse_args(['generate', '--prompt', 'x']); "
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'textual', 'debugger', 'tinyvllm.serving') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_version_is_the_package_metadata_version(capsys):
     """The installed metadata's version; run from a source tree that is not installed (the GPU machine puts the
     checkout on PYTHONPATH), the package's own __version__."""
