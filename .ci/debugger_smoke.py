@@ -7,12 +7,13 @@ import asyncio
 import sys
 
 import tinyvllm
-from tinyvllm.cli import main as cli
+from debugger.cli import debug_app
+from tinyvllm.cli import parse_args
 
 
 async def main() -> None:
     assert "site-packages" in tinyvllm.__file__, f"not the installed package: {tinyvllm.__file__}"
-    app = cli.debug_app(cli._parser().parse_args(["debug"]))
+    app = debug_app(parse_args(["debug"]))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("l")
         await app.workers.wait_for_complete()

@@ -1,24 +1,45 @@
-"""The debugger's serving options (light: parsing the command line imports no engine): `tinyvllm debug
---replay FILE`; `tinyvllm serve --debug` is in serving/cli.py. The logic is in debug_mode.py."""
+"""`tinyvllm debug`: step through the engine stage by stage in the debugger app, on its own prompts or on a
+recorded serving session (--replay FILE, debugger/serve_debug.py). `tinyvllm serve --debug` is
+serve_debug.run. Parsing the command line imports no engine and no Textual."""
 from __future__ import annotations
 
+from debugger import trace
+from tinyvllm.engine.args import add_engine_arguments, build_engine
+from tinyvllm.errors import TinyVLLMError
 
-def add_debug_arguments(p) -> None:
+
+def add_arguments(p) -> None:
+    add_engine_arguments(p)
+    trace.add_session_arguments(p)
     p.add_argument("--replay", metavar="FILE",
                    help="step a recorded serving session (tinyvllm serve --record FILE): its requests enter at "
                         "their recorded steps, on the recorded model and engine configuration; at the end, each "
                         "request's tokens against the recorded answer (exit 1 when one diverged)")
-
-
     p.add_argument("--compare-precision", action="store_true",
                    help="also step an engine of the other precision (fp32 <-> fast) on the same requests, in "
                         "lockstep: the golden diff panel shows each stage's max |main - other| and max rel, until "
                         "the two sample different tokens")
+    p.set_defaults(block_size=4, num_blocks=64, precision="fp32")  # small blocks: a readable pool grid
 
 
-def run_debug_replay(args) -> int:
-    if getattr(args, "compare_precision", False):
-        from tinyvllm.errors import TinyVLLMError
+def debug_app(args):
+    """The debugger app `tinyvllm debug` runs, on an engine and session made from the arguments."""
+    from debugger.app import DebuggerApp
+    return DebuggerApp(trace.session_from_args(args, build_engine(args)))
+
+
+def run(args) -> int:
+    if args.replay:
+        return _run_replay(args)
+    app = debug_app(args)
+    app.run()
+    if app.failure is not None:  # the app exited on an unhandled exception: main() gives it one line
+        raise app.failure
+    return app.return_code or 0
+
+
+def _run_replay(args) -> int:
+    if args.compare_precision:
         raise TinyVLLMError("--compare-precision steps the debugger's own requests; it does not combine with --replay")
-    from debugger.serve_debug import run_debug_replay as run
-    return run(args)
+    from debugger.serve_debug import run_debug_replay
+    return run_debug_replay(args)

@@ -39,7 +39,7 @@ async def take_serving(out: Path, size=(160, 48)) -> None:
     import httpx
 
     from tinyvllm.engine.engine import EngineConfig, LLMEngine
-    from tinyvllm.serving.cli import listen
+    from tinyvllm.serving.server import listen
     from debugger.serve_debug import ServerThread, serving_session
 
     from debugger.app import DebuggerApp

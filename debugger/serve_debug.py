@@ -377,13 +377,13 @@ class ServerThread:
     def __init__(self, engine_loop, sock, model_name: str, api_key: str | None = None, access_log: bool = False):
         import uvicorn
         from tinyvllm.serving.app import create_app
-        from tinyvllm.serving.cli import BACKSTOP_S, STATIC_DIR, _server
+        from tinyvllm.serving.server import BACKSTOP_S, STATIC_DIR, clean_exit_server
         from tinyvllm.serving.context import ServingContext
         self.ctx = ServingContext.create(engine_loop, model_name, api_key)
         app = ClientTagger(create_app(self.ctx, static_dir=STATIC_DIR))
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=access_log, lifespan="off",
                                 timeout_graceful_shutdown=BACKSTOP_S)
-        self.server = _server(config)
+        self.server = clean_exit_server(config)
         self.sock = sock
         host, port = sock.getsockname()[:2]
         self.url = f"http://{host}:{port}"
@@ -415,25 +415,26 @@ def serving_session(engine, model: str | None, goldens=None, max_waiting: int | 
     return session, feed
 
 
-def run_serve_debug(args) -> int:
+def run(args) -> int:
     """tinyvllm serve --debug: HTTP in the background, the debugger in the foreground; 0 when it quits."""
     from debugger.app import DebuggerApp
-    from tinyvllm.cli.main import _engine
+    from tinyvllm.engine.args import build_engine
     from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
-    from tinyvllm.serving.cli import listen, served_model_name
+    from tinyvllm.serving.server import listen, served_model_name
     if args.jsonl:
         raise TinyVLLMError("--debug serves HTTP; it does not go with --jsonl")
     sock = listen(args.host, args.port)  # before the model loads: a busy port fails at once
-    engine = _engine(args)
+    engine = build_engine(args)
     goldens = Goldens.load(DEFAULT_GOLDENS) if args.model is None else None
     session, feed = serving_session(engine, args.model, goldens, args.max_waiting)
     if args.record:
         feed.toggle_recording(args.record)
-    server = ServerThread(feed, sock, served_model_name(args), args.api_key, args.access_log)
+    model_name = served_model_name(args.model, args.served_model_name)
+    server = ServerThread(feed, sock, model_name, args.api_key, args.access_log)
     feed.url = server.url
     feed.start()
     server.start()
-    print(f"tinyvllm serve --debug: model {served_model_name(args)!r} on {server.url}; the debugger steps it",
+    print(f"tinyvllm serve --debug: model {model_name!r} on {server.url}; the debugger steps it",
           file=sys.stderr, flush=True)
     app = DebuggerApp(session)
     try:

@@ -8,6 +8,7 @@ Without --prompt the first golden prompt runs, so the stage's golden diff is pri
 """
 from __future__ import annotations
 
+from tinyvllm.engine.args import add_engine_arguments, build_engine
 from tinyvllm.errors import TinyVLLMError
 
 
@@ -22,12 +23,14 @@ def add_session_arguments(p) -> None:
 
 
 def add_arguments(p) -> None:
+    add_engine_arguments(p)
     add_session_arguments(p)
     p.add_argument("--list", action="store_true", help="list the stage names and exit")
     p.add_argument("--stage", metavar="NAME", help="the stage to dump, e.g. layers.1.mlp")
     p.add_argument("--step", type=int, default=0, metavar="N", help="in which scheduler step (0 = the first)")
     p.add_argument("--rows", type=int, default=4, metavar="R", help="rows of values to print")
     p.add_argument("--cols", type=int, default=8, metavar="C", help="columns of values to print")
+    p.set_defaults(precision="fp32")
 
 
 def session_from_args(args, engine):
@@ -56,7 +59,7 @@ def list_stages(num_layers: int) -> str:
     return "\n".join(stage_names(num_layers))
 
 
-def run(args, make_engine) -> int:
+def run(args) -> int:
     from debugger.session import Breakpoint, StageRecord, as_rows, stage_names
     if args.list:
         from tinyvllm.model.loader import read_model_config
@@ -64,7 +67,7 @@ def run(args, make_engine) -> int:
         return 0
     if not args.stage:
         raise TinyVLLMError("say which stage: --stage NAME (--list shows them)")
-    engine = make_engine(args)
+    engine = build_engine(args)
     names = stage_names(engine.model.config.num_hidden_layers)
     if args.stage not in names:
         raise TinyVLLMError(f"unknown stage {args.stage!r}: --list shows the {len(names)} stage names")

@@ -105,7 +105,7 @@ CHECKS = {
 def check_steps(args: argparse.Namespace) -> list[Step]:
     if args.target == "kernels":
         return [gpu_tests("gpu_tests_kernels", KERNEL_TESTS, 240),
-                Step("check_goldens", [PY, "-m", "tinyvllm.cli.main", "check-goldens"], 120, lines=1)]
+                Step("check_goldens", [PY, "-m", "tinyvllm.cli", "check-goldens"], 120, lines=1)]
     if args.target == "tc":
         return [gpu_tests("gpu_tests_tc", TC_TESTS, 200, "--durations=10"),
                 Step("check_tc_sass", script("check_tc_sass.py"), 100, lines=6),

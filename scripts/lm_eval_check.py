@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     t0 = time.perf_counter()
-    from tinyvllm.cli.main import main as tinyvllm_main
+    from tinyvllm.cli import main as tinyvllm_main
     from tinyvllm.evaluation.tasks import load_mmlu
 
     selection = ["--subset", args.subset] if args.subset else ["--limit", str(args.limit), "--seed", str(args.seed)]
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     # Both sides cap prompt + continuation at --max-context tokens: lm-eval keeps max_length - 1 tokens of it
     # (one for generation), and the server needs room for the one token each request generates.
-    serve = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli.main", "serve", "--model", args.model, "--port",
+    serve = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "serve", "--model", args.model, "--port",
                               str(port), "--max-model-len", str(args.max_context + 1), "--served-model-name", "tinyvllm",
                               *args.serve_args.split()],
                              env=env, stdout=open(out / "serve.log", "w"), stderr=subprocess.STDOUT)

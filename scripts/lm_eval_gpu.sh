@@ -41,7 +41,7 @@ fsspec.__version__, 'datasets', datasets.__version__, 'lm_eval imports')" || {
   local gguf=${SMOLLM2:-/tmp/gg/smol.gguf} model=/tmp/smollm2-hf
   [ -e "$gguf" ] || { echo "no SmolLM2 GGUF at $gguf"; exit 1; }
   if [ ! -f "$model/config.json" ]; then
-    python3 -m tinyvllm.cli.main convert "$gguf" "$model" > "$OUT/lm-eval-convert.log" 2>&1 \
+    python3 -m tinyvllm.cli convert "$gguf" "$model" > "$OUT/lm-eval-convert.log" 2>&1 \
       || { tail -5 "$OUT/lm-eval-convert.log"; exit 1; }
   fi
   local start=$SECONDS

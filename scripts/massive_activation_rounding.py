@@ -1,7 +1,7 @@
 """Why a real model's massive activation sets a stage's max error by one rounding (fast_path_compare.py's rule for
 massive elements). On the CPU, HF transformers float32, SmolLM2-135M-Instruct converted from its GGUF:
 
-    python -m tinyvllm.cli.main convert /tmp/gg/smol.gguf /tmp/gg/smol-hf
+    python -m tinyvllm.cli convert /tmp/gg/smol.gguf /tmp/gg/smol-hf
     python scripts/massive_activation_rounding.py --model /tmp/gg/smol-hf [--layer 11] [--prompt 1]
 
 For one chat prompt of fast_path_compare.py, the layer's MLP is recomputed in float64 from HF float32's own input

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tinyvllm.engine.engine import EngineConfig, LLMEngine  # noqa: E402
 from tinyvllm.model.loader import load_model  # noqa: E402
-from tinyvllm.serving.cli import listen, make_server  # noqa: E402
+from tinyvllm.serving.server import listen, make_server  # noqa: E402
 from tinyvllm.serving.engine_loop import EngineLoop  # noqa: E402
 from tinyvllm.serving.recording import Recorder, read_recording  # noqa: E402
 from tinyvllm.serving.replay import engine_config_for, format_report, replay  # noqa: E402

@@ -52,7 +52,7 @@ log "offline bench rc=$?"; grep -E "output tok/s|requests done|captured|warm-up"
 log "2. tinyvllm serve"
 PORT=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 URL=http://127.0.0.1:$PORT
-python3 -m tinyvllm.cli.main serve "${MODEL_ARGS[@]}" "${ENGINE[@]}" --port "$PORT" > "$OUT/serve.log" 2>&1 &
+python3 -m tinyvllm.cli serve "${MODEL_ARGS[@]}" "${ENGINE[@]}" --port "$PORT" > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill -9 $SERVER 2>/dev/null' EXIT
 python3 - "$URL" "$(cap 150)" <<'EOF' || { log "the server did not come up"; tail -20 "$OUT/serve.log"; exit 1; }

@@ -33,7 +33,7 @@ def child(args) -> int:
     """Run `generate` in this process and print when its first token came (seconds since args.t0)."""
     sys.path.insert(0, str(REPO))
     from tinyvllm.engine import engine as engine_module
-    from tinyvllm.cli.main import main
+    from tinyvllm.cli import main
     imported = time.time()
     first_token = []
     step = engine_module.LLMEngine.step

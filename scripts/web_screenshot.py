@@ -53,7 +53,7 @@ def main() -> None:
     args = p.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli.main", "serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "serve", "--port", str(port)],
                               env={**os.environ, "NUMBA_ENABLE_CUDASIM": os.environ.get("NUMBA_ENABLE_CUDASIM", "1")})
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"

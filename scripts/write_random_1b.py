@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def write_tokenizer(out: Path, gguf: Path) -> None:
     from tinyvllm.model.gguf import GGUFModelFiles, find_gguf_file
-    from tinyvllm.model.random_1b import _write_llama3_tokenizer
+    from tinyvllm.model.fixtures.random_model import write_llama3_tokenizer_if_available
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "tokenizer.json").is_file() or _write_llama3_tokenizer(out, 128256) or not gguf.exists():
+    if (out / "tokenizer.json").is_file() or write_llama3_tokenizer_if_available(out, 128256) or not gguf.exists():
         return
     files = GGUFModelFiles.read(find_gguf_file(gguf))
     files.tokenizer()

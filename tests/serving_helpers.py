@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import httpx
 
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
-from tinyvllm.serving.cli import listen, make_server
+from tinyvllm.serving.server import listen, make_server
 from tinyvllm.serving.context import ServingContext
 from tinyvllm.serving.engine_loop import EngineLoop
 

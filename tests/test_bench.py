@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from tinyvllm import bench
 from tinyvllm.bench import BenchConfig, Workloads
-from tinyvllm.cli.main import _parser, main
+from tinyvllm.cli import main, parse_args
 from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.model.loader import load_model
@@ -117,7 +117,7 @@ def test_serving_reports_ordered_percentiles_from_arrival(tiny_run):
 
 def test_the_recorded_command_reproduces_the_config(tiny_run):
     report = tiny_run[2]
-    args = _parser().parse_args(shlex.split(report["command"])[1:])
+    args = parse_args(shlex.split(report["command"])[1:])
     assert bench.config_from_args(args) == BenchConfig(**{k: tuple(v) if isinstance(v, list) else v
                                                           for k, v in report["config"].items()})
 
@@ -312,7 +312,7 @@ def test_reported_times_and_rates_follow_a_known_clock(monkeypatch):
     from kernels_numba.common import cuda
     from tinyvllm.bench.engine_runs import EngineFactory, bench_kernels, bench_latency, bench_prefill
     from tinyvllm.bench.report import add_roofline
-    cfg = bench.config_from_args(_parser().parse_args(["bench", *TINY]))
+    cfg = bench.config_from_args(parse_args(["bench", *TINY]))
     model = load_model(DEMO_MODEL_DIR, log=lambda message: None)
     config = model.config
     engines = EngineFactory(model, EngineConfig(num_blocks=32, block_size=4, max_model_len=32, cuda_graphs=False),

@@ -8,7 +8,7 @@ import pytest
 
 from tests.hf_chat_ids import CONVERSATIONS, assert_runs_hf_chat_ids, hf_text_ids
 from tinyvllm import LLM, SamplingParams
-from tinyvllm.cli.main import main
+from tinyvllm.cli import main
 from tinyvllm.engine.engine import LLMEngine
 
 ONE_TOKEN = SamplingParams(max_tokens=1)

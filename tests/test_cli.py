@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tinyvllm.cli.main import _parser, main
+from tinyvllm.cli import COMMANDS, build_parser, main, parse_args
 
 def run(capsys, *argv):
     code = main(list(argv))
@@ -137,7 +137,7 @@ def test_stream_prints_each_output_in_prompt_order_as_text(capsys, monkeypatch, 
 
 
 def test_help_shows_defaults_and_every_flag_has_help(capsys):
-    parser = _parser()
+    parser = build_parser(loaded=COMMANDS)
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     missing = [(name, a.option_strings) for name, p in subcommands.items() for a in p._actions
                if a.option_strings and not a.help]
@@ -148,6 +148,17 @@ def test_help_shows_defaults_and_every_flag_has_help(capsys):
     assert "new tokens per prompt (default: 32)" in out and "(1 = off) (default: 1.0)" in out
     assert "--min-tokens N ignore EOS and stop tokens until this many new tokens (default: 0)" in out
     assert "token budget per step (default: 512)" in out and "(default: None)" not in out
+
+
+def test_a_command_loads_only_its_own_module():
+    """`tinyvllm generate` parses without the server's or the debugger's packages (a fresh interpreter)."""
+    import subprocess
+    import sys
+    code = ("import sys; from tinyvllm.cli import parse_args; parse_args(['generate', '--prompt', 'x']); "
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'textual', 'debugger', 'tinyvllm.serving') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_version_is_the_package_metadata_version(capsys):
@@ -184,8 +195,7 @@ def test_a_failure_inside_the_debugger_exits_non_zero_with_one_line(capsys, monk
 
 def test_use_generation_config_takes_the_models_settings(capsys):
     # The demo's generation_config.json samples (temperature 0.6, top_p 0.9); an explicit flag still wins.
-    from tinyvllm.cli import main as cli
-    from tinyvllm.cli.main import _parser
-    args = _parser().parse_args(["generate", "--prompt", "x", "--use-generation-config", "--top-p", "0.5"])
-    params = cli._sampling_params(args, {}, "test")
+    from tinyvllm.cli import generate
+    args = parse_args(["generate", "--prompt", "x", "--use-generation-config", "--top-p", "0.5"])
+    params = generate._sampling_params(args, {}, "test")
     assert params.temperature == pytest.approx(0.6) and params.top_p == 0.5

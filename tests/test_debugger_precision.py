@@ -4,11 +4,12 @@ import dataclasses
 
 import numpy as np
 
+from debugger.cli import debug_app
 from debugger.session import Session, SessionOptions, StageRecord, StepRecord, as_rows
 from kernels_numba.common import SIMULATOR
 from tests.test_debugger_app import drive, press, shown
 from tests.test_precision import BF16_ROUNDING, _roundings_upstream
-from tinyvllm.cli.main import _parser, debug_app
+from tinyvllm.cli import parse_args
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 
@@ -89,7 +90,7 @@ def _other_tokens(steps, sampled):
 def test_the_panels_show_the_comparison_line():
     """`tinyvllm debug --compare-precision` through Pilot: after `l`, the golden diff panel names the stage's
     difference and the tensor panel's row line the row's."""
-    args = _parser().parse_args(["debug", "--compare-precision", "--no-goldens", "--prompt", "Hello there",
+    args = parse_args(["debug", "--compare-precision", "--no-goldens", "--prompt", "Hello there",
                                  "--max-tokens", "2"])
 
     async def scenario(pilot):
@@ -104,7 +105,7 @@ def test_the_panels_show_the_comparison_line():
 
 
 def test_replay_with_compare_precision_gets_one_line(capsys):
-    from tinyvllm.cli.main import main
+    from tinyvllm.cli import main
     assert main(["debug", "--replay", "session.jsonl", "--compare-precision"]) == 1
     err = capsys.readouterr().err
     assert "--compare-precision steps the debugger's own requests; it does not combine with --replay" in err

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tinyvllm.cli.main import main
+from tinyvllm.cli import main
 
 
 def test_eval_mmlu_limit_8_end_to_end(tmp_path, capsys):

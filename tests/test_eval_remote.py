@@ -14,7 +14,7 @@ from tests.references import require
 fastapi = require("fastapi")
 uvicorn = require("uvicorn")
 
-from tinyvllm.cli.main import main  # noqa: E402
+from tinyvllm.cli import main  # noqa: E402
 from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR  # noqa: E402
 from tinyvllm.evaluation.backends import Failure, Generation, GenerationJob, LoglikelihoodJob  # noqa: E402
 from tinyvllm.evaluation.remote import RemoteBackend  # noqa: E402

@@ -279,7 +279,7 @@ def test_not_a_gguf_and_ambiguous_directories(tmp_path, rng, byte_level):
 
 
 def test_cli_reports_a_bad_gguf_in_one_line(tmp_path, capsys):
-    from tinyvllm.cli.main import main
+    from tinyvllm.cli import main
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 20)
     assert main(["convert", str(bad), str(tmp_path / "out")]) == 1
@@ -369,7 +369,7 @@ def test_demo_gguf_generates_the_demo_greedy_tokens(tmp_path):
     """`generate --model demo.gguf`, in the simulator: the first golden prompt tokenizes to the golden ids
     and its greedy continuation is the golden one (which the demo directory reproduces in
     tests/test_goldens_demo.py): the GGUF path runs the same model."""
-    from tinyvllm.cli.main import main
+    from tinyvllm.cli import main
     from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
     from tinyvllm.llm import LLM
     from tinyvllm.engine.sampling_params import SamplingParams
@@ -386,7 +386,7 @@ def test_demo_gguf_generates_the_demo_greedy_tokens(tmp_path):
 def test_config_only_commands_take_a_gguf(tmp_path, capsys):
     """`trace --list` and `--use-generation-config` read the config / generation defaults without loading
     weights: from the GGUF metadata too."""
-    from tinyvllm.cli.main import main
+    from tinyvllm.cli import main
     from tinyvllm.model.loader import read_generation_defaults, read_model_config
     _demo_as_gguf(tmp_path / "demo.gguf", "F32")
     assert main(["trace", "--model", str(tmp_path / "demo.gguf"), "--list"]) == 0

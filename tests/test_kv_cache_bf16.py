@@ -20,7 +20,8 @@ import kernels_numba.rope as rope_module
 from kernels_numba.common import SIMULATOR
 from kernels_numba.kv_dtype import kv_encode_ref, kv_from_f32
 from tinyvllm.bench import config_from_args
-from tinyvllm.cli.main import _engine, _parser
+from tinyvllm.cli import parse_args
+from tinyvllm.engine.args import build_engine
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.runner.kv_pool import resolve_kv_cache_dtype
 from tinyvllm.model.loader import load_model
@@ -112,13 +113,13 @@ def test_a_float32_cache_written_in_bf16_values_gives_the_bf16_cache_bit_for_bit
 def test_check_goldens_runs_a_float32_cache_and_the_flag_reaches_the_engine():
     # auto: float32 with the fp32 precision (check-goldens always runs fp32), bfloat16 with the fast one
     for command in ("check-goldens", "generate", "serve", "bench"):
-        assert _parser().parse_args([command]).kv_cache_dtype == "auto"
-    assert EngineConfig().kv_cache_dtype == "auto" and _parser().parse_args(["check-goldens"]).precision == "fp32"
+        assert parse_args([command]).kv_cache_dtype == "auto"
+    assert EngineConfig().kv_cache_dtype == "auto" and parse_args(["check-goldens"]).precision == "fp32"
     assert resolve_kv_cache_dtype("auto", "fp32") == "float32" and resolve_kv_cache_dtype("auto", "fast") == "bfloat16"
     assert resolve_kv_cache_dtype("float32", "fast") == "float32"
-    engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--precision", "fp32"]))
+    engine = build_engine(parse_args(["generate", "--num-blocks", "4", "--precision", "fp32"]))
     assert engine.kv_pool.dtype == "float32"  # auto on the reference path
-    engine = _engine(_parser().parse_args(["generate", "--num-blocks", "4", "--kv-cache-dtype", "bfloat16"]))
+    engine = build_engine(parse_args(["generate", "--num-blocks", "4", "--kv-cache-dtype", "bfloat16"]))
     assert engine.kv_pool.dtype == "bfloat16" and engine.kv_pool.layer(0)[1].dtype == np.uint16
-    bench = config_from_args(_parser().parse_args(["bench", "--kv-cache-dtype", "bfloat16"]))
+    bench = config_from_args(parse_args(["bench", "--kv-cache-dtype", "bfloat16"]))
     assert bench.kv_cache_dtype == "bfloat16"

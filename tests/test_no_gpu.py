@@ -29,7 +29,7 @@ def test_no_gpu_picks_the_simulator_with_a_one_line_notice():
 def test_an_explicit_choice_is_respected_and_a_missing_gpu_is_one_line():
     quiet = run("import kernels_numba.common as c; print(c.SIMULATOR)", NUMBA_ENABLE_CUDASIM="1")
     assert quiet.stdout == "True\n" and "no CUDA GPU" not in quiet.stderr
-    asked = run(["-m", "tinyvllm.cli.main", "generate", "--prompt", "x", "--max-tokens", "1"], NUMBA_ENABLE_CUDASIM="0")
+    asked = run(["-m", "tinyvllm.cli", "generate", "--prompt", "x", "--max-tokens", "1"], NUMBA_ENABLE_CUDASIM="0")
     assert asked.returncode == 1, asked.stderr
     last = asked.stderr.strip().splitlines()[-1]
     assert last.startswith("error: no usable CUDA GPU (") and "set NUMBA_ENABLE_CUDASIM=1" in last, asked.stderr

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kernels_numba.common import SIMULATOR
-from tinyvllm.cli.main import _parser, main
+from tinyvllm.cli import main, parse_args
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
@@ -142,22 +142,20 @@ def test_the_fast_plans_gemv_crossover_sends_larger_decode_steps_to_the_tensor_c
                                                ("eval", "auto"), ("debug", "fp32"), ("trace", "fp32"),
                                                ("check-goldens", "fp32")])
 def test_each_command_takes_precision_with_its_default(command, expected):
-    parser = _parser()
-    assert parser.parse_args([command]).precision == expected
-    assert parser.parse_args([command, "--precision", "fast"]).precision == "fast"
+    assert parse_args([command]).precision == expected
+    assert parse_args([command, "--precision", "fast"]).precision == "fast"
 
 
 def test_the_flag_reaches_the_engine_and_the_bench_config():
-    from tinyvllm.cli import main as cli
     from tinyvllm.bench.config import config_from_args
-    from tinyvllm.evaluation import cli as evaluation_cli
-    parser = _parser()
-    engine = cli._engine(parser.parse_args(["generate", "--precision", "fast"]))  # generate, serve, debug, trace
+    from tinyvllm.cli import eval as evaluation_cli
+    from tinyvllm.engine.args import build_engine
+    engine = build_engine(parse_args(["generate", "--precision", "fast"]))  # generate, serve, debug, trace
     assert engine.config.precision == "fast" and engine.precision == "fast" and engine.runner.plan.fast
-    args = parser.parse_args(["eval", "--precision", "fast"])
+    args = parse_args(["eval", "--precision", "fast"])
     backend, *_ = evaluation_cli._backend(args, evaluation_cli.config_from_args(args), _quiet)
     assert backend.engine.precision == "fast"
-    assert config_from_args(parser.parse_args(["bench", "--precision", "fp32"])).precision == "fp32"
+    assert config_from_args(parse_args(["bench", "--precision", "fp32"])).precision == "fp32"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -14,7 +14,7 @@ from debugger.session import Breakpoint, Session
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.model.loader import load_model
 from tinyvllm.engine.sampling_params import SamplingParams
-from tinyvllm.serving.cli import listen
+from tinyvllm.serving.server import listen
 from debugger.serve_debug import _HTTP_CLIENT, HttpClient, ServerThread, replay_session, serving_session
 from tinyvllm.serving.recording import read_recording
 
@@ -275,7 +275,7 @@ def test_bad_serving_breakpoint_specs_say_how_to_write_one(spec):
 
 
 def test_debug_replay_and_serve_debug_errors_are_one_line(tmp_path, capsys):
-    from tinyvllm.cli.main import main
+    from tinyvllm.cli import main
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"type": "header", "format": "tinyvllm-recording", "version": 1}) + "\n{oops\n")
     cases = [(["debug", "--replay", str(tmp_path / "missing.jsonl")],

@@ -16,7 +16,7 @@ import pytest
 from tinyvllm.bench import BenchConfig, Workloads
 from tinyvllm.bench.http_client import HttpRequest, HttpResult, completion_payload, stream_completion
 from tinyvllm.bench.http_runs import compare_greedy
-from tinyvllm.cli.main import main
+from tinyvllm.cli import main
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 from tinyvllm.model.loader import load_model

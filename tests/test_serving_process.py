@@ -25,7 +25,7 @@ def serve(*args, **popen):
     # the checkout first, then whatever PYTHONPATH already holds (the GPU machine's packages live on it)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": path}
-    return subprocess.Popen([sys.executable, "-m", "tinyvllm.cli.main", "serve", *ENGINE_FLAGS, *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "serve", *ENGINE_FLAGS, *args], cwd=ROOT, env=env,
                             text=True, **popen)
 
 

@@ -16,7 +16,7 @@ import pytest
 from tests.references import require
 openai = require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
 
-from tinyvllm.cli.main import main  # noqa: E402
+from tinyvllm.cli import main  # noqa: E402
 from tinyvllm.engine.engine import LLMEngine  # noqa: E402
 from tinyvllm.model.loader import load_model  # noqa: E402
 from tinyvllm.serving.recording import FORMAT, VERSION, BadRecording, read_recording  # noqa: E402

@@ -10,7 +10,7 @@ from pydantic import ValidationError  # noqa: E402
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.model.loader import load_model
 from tinyvllm.serving.app import create_app
-from tinyvllm.serving.cli import STATIC_DIR
+from tinyvllm.serving.server import STATIC_DIR
 from tinyvllm.serving.context import ServingContext
 from tinyvllm.serving.detokenizer import IncrementalDetokenizer
 from tinyvllm.serving.engine_loop import EngineLoop
@@ -143,8 +143,8 @@ def test_serve_captures_every_cuda_graph_before_it_takes_a_request(monkeypatch, 
     request at a new batch size would otherwise wait for a capture and a compile), before it reads a request."""
     import io
     import sys
-    from tinyvllm.cli.main import _parser
-    from tinyvllm.serving import cli as serving_cli
+    from tinyvllm.cli import parse_args
+    from tinyvllm.cli import serve
     events = []
     real = LLMEngine.capture_graphs
 
@@ -160,7 +160,7 @@ def test_serve_captures_every_cuda_graph_before_it_takes_a_request(monkeypatch, 
 
     monkeypatch.setattr(LLMEngine, "capture_graphs", capture)
     monkeypatch.setattr(sys, "stdin", Stdin('{"prompt": "Hi", "max_tokens": 1}\n'))
-    args = _parser().parse_args(["serve", "--jsonl", "--num-blocks", "32", "--block-size", "4"])
-    assert serving_cli.run(args) == 0
+    args = parse_args(["serve", "--jsonl", "--num-blocks", "32", "--block-size", "4"])
+    assert serve.run(args) == 0
     assert events[:2] == ["capture", "read"]
     assert "tinyvllm serve: captured decode CUDA graphs" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 import numpy as np
 
 from kernels_numba.common import SIMULATOR
-from tinyvllm.cli.main import main
+from tinyvllm.cli import main
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 
 

@@ -33,12 +33,12 @@ failed requests, duration, request / output / total token throughput, peak concu
 of TTFT, TPOT, ITL and E2E latency (http_client.py, http_runs.py). --check-greedy then runs offline
 LLM.generate on the same prompts (--model: the server's model) and compares every served output with it.
 """
-from tinyvllm.bench.command import main, run, run_bench
+from tinyvllm.bench.command import run, run_bench
 from tinyvllm.bench.config import BATCHING_MODES, WORKLOADS, BenchConfig, add_arguments, config_from_args
 from tinyvllm.bench.report import comparisons, format_report, merge_reports, weight_bytes
 from tinyvllm.model.fixtures.random_model import prepare_random_model, write_placeholder_tokenizer
 from tinyvllm.bench.workloads import Workloads, poisson_arrivals
 
 __all__ = ["BATCHING_MODES", "WORKLOADS", "BenchConfig", "Workloads", "add_arguments", "comparisons",
-           "config_from_args", "format_report", "main", "merge_reports", "poisson_arrivals",
+           "config_from_args", "format_report", "merge_reports", "poisson_arrivals",
            "prepare_random_model", "run", "run_bench", "weight_bytes", "write_placeholder_tokenizer"]

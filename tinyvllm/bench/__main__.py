@@ -1,6 +1,6 @@
 """python -m tinyvllm.bench: the same as `tinyvllm bench`."""
 import sys
 
-from tinyvllm.bench import main
+from tinyvllm.cli import main
 
-sys.exit(main())
+sys.exit(main(["bench", *sys.argv[1:]]))

@@ -93,8 +93,3 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
     print(format_report(report))
     log("wrote " + ", ".join(map(str, written)))
     return 1 if any(r.get("num_errored") for r in rows) else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from tinyvllm.cli.main import main as cli_main
-    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -17,6 +17,10 @@ PROMPT_ID_LIMIT = 10_000      # nano-vllm draws prompt ids from [0, 10000]
 PROGRESS_EVERY_S = 10.0
 SIMULATOR_COPY_BYTES = 1 << 20
 KERNEL_STEPS = 2  # the latency prompt's prefill, then one decode step
+# The serving latencies the report prints for a --base-url run (http_runs.py), as `vllm bench serve`
+# names them: (key, short name, long name).
+LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+             ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
 
 
 @dataclass

@@ -24,8 +24,6 @@ from tinyvllm.bench.workloads import BenchRequest, Workloads, random_prompt, wor
 
 WARMUP_PROMPT_LEN = 8
 
-LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-             ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
 GREEDY_MISMATCHES_KEPT = 5
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.bench.config import BenchConfig, WORKLOADS
+from tinyvllm.bench.config import LATENCIES, WORKLOADS, BenchConfig
 from tinyvllm.bench.engine_runs import synced_clock
 
 
@@ -141,7 +141,6 @@ def format_http_result(r: dict) -> list[str]:
             line("Output token throughput (tok/s)", r["output_tok_s"]),
             line("Total Token throughput (tok/s)", r["total_token_throughput"]),
             line("Peak concurrent requests", r["max_concurrent_requests"])]
-    from tinyvllm.bench.http_runs import LATENCIES
     for key, short, long in LATENCIES:
         out.append(f"{long:-^50}")
         out += [line(f"{name.capitalize()} {short} (ms)", r[f"{stat}_{key}_ms"])

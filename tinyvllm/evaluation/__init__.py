@@ -9,7 +9,8 @@ choices shuffled per question id), `prompts` (lm-evaluation-harness's mmlu / gpq
 prompt), `subset` (reproducible stratified subsets), `scoring` (choice log-likelihoods through a token
 trie, answer-letter parsing), `backends` (the engine through its logprobs API) and `remote` (any
 OpenAI-compatible server), `runner` (prompts -> subset -> context cap -> backend -> per-question results),
-`report` (accuracy with Wilson 95 % intervals, JSON / CSV / text), `histograms`, `progress`, `cli`.
+`report` (accuracy with Wilson 95 % intervals, JSON / CSV / text), `histograms`, `progress`; the command
+line is tinyvllm/cli/eval.py.
 """
 from tinyvllm.evaluation.runner import EvalConfig, prepare_task, run_task, select
 from tinyvllm.evaluation.scoring import ItemResult, parse_answer_letter

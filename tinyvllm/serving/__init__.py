@@ -12,5 +12,5 @@
     metrics_prometheus.py vLLM's serving metrics, named tinyvllm:*, for /metrics
     live_stats.py         the JSON state a web page polls (/state)
     jsonl_loop.py         `serve --jsonl`: one request per stdin line, one result (or delta) per stdout line
-    cli.py                the `serve` subcommand's arguments and start-up
+    server.py             the socket, uvicorn with a clean exit on signals (the `serve` command: cli/serve.py)
 """

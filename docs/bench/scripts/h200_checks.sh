@@ -14,7 +14,7 @@ case "${1:-correctness}" in
       tests/test_rmsnorm.py tests/test_rope.py tests/test_activation.py tests/test_sampling.py \
       tests/test_matmul.py tests/test_attention.py tests/test_paged_attention.py > "$OUT/gpu_kernel_tests.log" 2>&1
     echo "kernel tests rc=$?"; tail -1 "$OUT/gpu_kernel_tests.log"
-    python3 -m tinyvllm.cli.main check-goldens > "$OUT/check_goldens_gpu.log" 2>&1
+    python3 -m tinyvllm.cli check-goldens > "$OUT/check_goldens_gpu.log" 2>&1
     echo "check-goldens rc=$?"; tail -1 "$OUT/check_goldens_gpu.log"
     python3 scripts/gpu_compare.py --model-dir "$MODEL" --out "$OUT" > "$OUT/gpu_compare.log" 2>&1
     echo "gpu_compare rc=$?"; grep -E "^\| [0-9]|Result" "$OUT/gpu_compare.log" ;;

@@ -9,7 +9,6 @@ goldens/make_goldens.py can then use OUT_DIR.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -53,13 +52,3 @@ def convert(gguf_path: str | Path, out_dir: str | Path, log=print) -> list[Path]
     log(f"wrote {out_dir} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, vocab "
         f"{config.vocab_size}) in {time.perf_counter() - start:.1f} s")
     return written
-
-
-def add_arguments(p) -> None:
-    p.add_argument("gguf", metavar="IN.gguf", help="a .gguf file, or a directory holding exactly one")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write the HF model into (created if missing)")
-
-
-def run(args) -> int:
-    convert(args.gguf, args.out_dir, log=lambda message: print(message, file=sys.stderr))
-    return 0

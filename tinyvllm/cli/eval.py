@@ -1,4 +1,4 @@
-"""`tinyvllm eval`: the command's flags and what it does with them (tinyvllm/cli/main.py registers it)."""
+"""`tinyvllm eval`: the command's flags and what it does with them (tinyvllm/evaluation holds the rest)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from tinyvllm.engine.args import add_engine_arguments, build_engine, engine_config_from_args
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.evaluation.prompts import ANSWER_PREFIX
 from tinyvllm.evaluation.runner import MODES, EvalConfig, prepare_task, run_task, select
@@ -16,7 +17,10 @@ DEFAULT_OUT = "out/eval"
 
 
 def add_arguments(p) -> None:
-    """The eval flags; the engine flags (--model, --max-num-seqs, ...) come from tinyvllm/cli/main.py."""
+    """The engine flags (--model, --max-num-seqs, ...), then the eval flags."""
+    add_engine_arguments(p)
+    # scoring is prefill-bound: big steps (the settings of the runs in docs/eval.md; eval_profile.py --sweep)
+    p.set_defaults(max_num_seqs=256, max_num_batched_tokens=16384)
     d = EvalConfig()
     p.add_argument("--tasks", default=",".join(d.tasks), metavar="LIST",
                    help=f"comma-separated, from {','.join(TASKS)} (default: %(default)s)")
@@ -107,14 +111,9 @@ def _backend(args, config: EvalConfig, log):
         backend = RemoteBackend(args.base_url, args.served_model, args.api_key, args.concurrency)
         log(f"evaluating through {backend.name}")
         return backend, tokenizer, {"tokenizer_dir": str(args.model), "served_model": backend.model}, config
-    from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.evaluation.backends import EngineBackend
-    engine = LLMEngine(args.model, EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
-        max_model_len=args.max_model_len or config.max_context, chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching, batching=args.batching,
-        kv_cache_dtype=args.kv_cache_dtype, precision=args.precision), log=log)
+    engine_config = engine_config_from_args(args, max_model_len=args.max_model_len or config.max_context)
+    engine = build_engine(args, engine_config, log=log)
     if engine.max_model_len < config.max_context:
         log(f"note: the model's context is {engine.max_model_len} tokens: --max-context lowered to it")
         config = dataclasses.replace(config, max_context=engine.max_model_len)
