@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from kernels_numba.attention import attention, attention_ref, write_kv, write_kv_ref
+from lessons.contiguous_cache import attention, attention_ref, write_kv, write_kv_ref
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
 
