@@ -1,6 +1,6 @@
 """Paged decode attention, one block per (query, KV head) for its whole group of query heads: the GPU's
-decode kernels (decode_gqa for large batches, flash_decode, the same kernel over key partitions, for small
-ones). The math and the pool layout: paged_kv.
+decode kernels below decode_warps' batches (decode_gqa for mid-size batches; flash_decode, the same kernel over
+key partitions, for small ones). The math and the pool layout: paged_kv.
 
 - `paged_attention_decode_gqa`: the same contract again, one block per (query, KV head) for the whole
   group of query heads (4 on Llama-3.2-1B), GQA_DECODE_KEY_CHUNK keys at a time: the block copies the

@@ -1,5 +1,5 @@
-"""Paged attention, one thread per (query, head): the readable varlen kernel (the simulator's, for decode
-and prefill alike). The math and the pool layout: paged_kv.
+"""Paged attention, one thread per (query, head): the readable varlen kernel (the simulator's for decode and
+prefill alike, but for the fast precision's prefill: prefill_tc). The math and the pool layout: paged_kv.
 
 - `paged_attention_per_query`: varlen queries, one thread per (query, head): query t of sequence s at
   position p walks s's blocks over keys 0..p, keeping a running max m, a running sum l and the head_dim

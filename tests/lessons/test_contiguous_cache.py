@@ -1,3 +1,5 @@
+"""lessons/contiguous_cache.py: write_kv and attention over a contiguous cache against their numpy twins, poisoned
+entries that nobody should read included."""
 import numpy as np
 import pytest
 
