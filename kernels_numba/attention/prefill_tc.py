@@ -2,7 +2,8 @@
 per (query tile, KV head) for all the group's query heads. The math and the pool layout: paged_kv; the query
 tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/runner/kernel_plan.py).
 
-    out[t, h] = sum_{j<=p} 2^(s_j - m) V[j, g] / sum_{j<=p} 2^(s_j - m),  s_j = bf16(q[t, h] scale log2 e) . K[j, g]
+    out[t, h] = sum_{j<=p} 2^(s_j - m) V[j, g] / sum_{j<=p} 2^(s_j - m),   s_j = bf16(q[t, h] scale log2 e) . K[j, g]
+              = softmax_j(scale q[t, h] . K[j, g]) V[j, g]   (e^x = 2^(x log2 e); K, V and the weights enter as bf16)
 
 - `paged_attention_prefill_tc`: paged_attention_prefill's contract. A block's rows are (query, head) pairs,
   row r = query r // group of the tile, head kv_head * group + r % group, 16 rows per warp (one mma row tile).
