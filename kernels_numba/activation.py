@@ -10,8 +10,8 @@ on tensor cores in one pass, gemm_tc's SwiGLU epilogue computes the same bits wi
 
 Launch layout: a block row per matrix row (grid y, strided past 65,535 rows), consecutive threads on consecutive
 columns (grid x), both grid-strided so the simulator can run a small grid. No flat index: the gate and up halves
-are column slices of one gate|up output, and a flat i // n_cols, i % n_cols per element cost the 4096-token
-prefill's silu_mul 11 ms on the H200 (scripts/time_mlp_fast.py).
+are column slices of one gate|up output, and a flat i // n_cols, i % n_cols per element (a 64-bit division and
+modulo) would dominate a long prefill's silu_mul (scripts/time_mlp_fast.py; measured: docs/bench-h200.md).
 silu is evaluated so exp never overflows: for g < 0 it uses the equal form g * e / (1 + e), e = exp(g).
 """
 import math
@@ -79,7 +79,7 @@ def silu_mul(gate, up, out=None):
 def silu_mul_gate_up(gate_up, out=None, bf16: bool = False):
     """gate_up float32 [T, 2 I] (the gate|up projection's output: gate, then up) -> silu(gate) * up [T, I], float32
     or (bf16) uint16 bf16 bits. Reads the two halves in place: launching on column slices of a device array costs
-    numba's host side up to milliseconds (6 ms at [4096, 16384] on the H200, scripts/time_mlp_fast.py)."""
+    numba's host side milliseconds at prefill sizes (scripts/time_mlp_fast.py)."""
     assert gate_up.shape[1] % 2 == 0, gate_up.shape
     half = gate_up.shape[1] // 2
     if bf16:

@@ -1,12 +1,12 @@
 """A process-independent cache key for kernels made inside a function (closures), so the disk cache finds them again.
 
-numba keys a cached kernel by its bytecode and, for a closure, by the pickled values of its free variables. Our
-kernel factories (gemm_tc's per tile, prefill_tc's per option set, ...) close over device functions and intrinsics,
-and a numba dispatcher pickles with a random uuid4: every process made a new key, missed the cache and compiled
-those kernels again (seen on the H200: 3 of 16 kernels recompiled at every start). Here a free variable that is a
-function, dispatcher or intrinsic is described by what it is made of instead, its module, qualified name, bytecode
-and (recursively) its own free variables; any other value by its pickle (ints, tile dataclasses, dtypes). Source
-changes elsewhere are covered by the cache directory's digest of every source file (common.kernel_cache_dir).
+numba keys a cached kernel by its bytecode and, for a closure, by the pickled values of its free variables. Our kernel
+factories (gemm_tc's per tile, prefill_tc's per option set, ...) close over device functions and intrinsics, and a
+numba dispatcher pickles with a random uuid4: every process would make a new key, miss the cache and compile those
+kernels again. Here a free variable that is a function, dispatcher or intrinsic is described by what it is made of
+instead, its module, qualified name, bytecode and (recursively) its own free variables; any other value by its pickle
+(ints, tile dataclasses, dtypes). Source changes elsewhere are covered by the cache directory's digest of every source
+file (common.kernel_cache_dir).
 """
 import hashlib
 import pickle

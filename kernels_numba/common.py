@@ -131,7 +131,7 @@ def jit(*args, **options):
     link external code, which numba cannot cache).
 
     In the simulator a device function (`device=True`) stays a plain Python function: the simulator's
-    device-function wrapper costs ~6 us a call, which made every bf16 weight decode the slowest thing in a
+    device-function wrapper costs ~6 us a call, which would make every bf16 weight decode the slowest thing in a
     forward pass. So device functions must be pure arithmetic (no `cuda.*` inside); kernels may use anything.
     On the GPU their Python bodies stay reachable through `host_version`, for the numpy twins.
     """

@@ -20,8 +20,8 @@ ldmatrix's 8 row addresses then fall in distinct banks. Epilogue: each lane stor
 consecutive features of two tokens per mma tile), with `ResidualEpilogue` also out + residual.
 
 `SwiGLUEpilogue(bf16=True)`: W is gate|up stacked, [Wg; Wu] ([2 I, K]), and the GEMM writes the gate's output
-instead of gate|up: out [M, I] = bf16(silu(x Wg) * (x Wu)), uint16 bits, never the float32 [M, 2 I] (at 4,096 tokens
-and I 8,192 that round trip was ~470 MB a layer). The block walks 2 I columns interleaved, column c the gate of
+instead of gate|up: out [M, I] = bf16(silu(x Wg) * (x Wu)), uint16 bits, never the float32 [M, 2 I] (a round trip
+of ~470 MB a layer at 4,096 tokens and I 8,192). The block walks 2 I columns interleaved, column c the gate of
 feature c / 2 when c is even and its up when odd, so the two adjacent columns (2t, 2t + 1) a lane holds of each mma
 tile are one feature's gate and up, in float32, summed as the plain GEMM sums them. Only the W copies change: tile
 row r (n0 even) comes from W row (r & 1) I + (n0 + r) / 2, and as a thread's rows step by an even rows_per_round, its
@@ -30,7 +30,7 @@ activation.silu_mul_gate_up(bf16=True)'s on the same float32 gate and up: bit fo
 (the gate needs the whole sum, not split-K's partials).
 
 The stage buffers are carved out of one dynamic shared array, x's stages then W's (mma.shared_view), its size
-(TileShape.shared_bytes()) given at launch: a tile may take up to the 227 KB a block may opt in to on an H100/H200
+(TileShape.shared_bytes()) given at launch: a tile may take up to the 227 KB a block may opt in to on sm_90
 (common.launch_with_shared opts the kernel in past 48 KB), where a static declaration stops at 48 KB (block_k 64
 at 128 x 128 over 3 stages is 108 KB).
 
@@ -98,18 +98,14 @@ class TileShape:
             f"({SHARED_LIMIT // 1024} KB) a block may opt in to on an H100/H200 (SHARED_LIMIT)")
 
 
-# Chosen by scripts/sweep_tc_gemm.py on the H200 (docs/bench/h200-round7-sweep_tc_gemm.log, Llama-3.2-1B's four
-# projections at 128, 1024 and 4096 tokens; Round 10, tiles past 48 KB of dynamic shared memory:
-# h200-round10-sweep-tc-gemm-dynamic.log, and after the main loop's integer work was cut (registers 252 -> 218 at
-# 128 x 128 x 32, and 128 x 128 x 64 no longer spilling) h200-round10-sweep-tc-gemm-loop.log at 128-4,096 rows).
-# `tile_for` picks per GEMM. 128 x 128 x 64 over 3 stages (108 KB) won every case where its blocks come near one
-# wave (>= 128 blocks: gate|up from 128 rows, every projection from 1,024; qkv at 1,024 within 2 %), e.g. 4,096 rows
-# qkv 167.8 us (307 TFLOP/s), gate|up 897.7 (306), down 396.7 (346); 64 x 128 x 64 (81 KB) the best below that
-# where it has the blocks (qkv at 256 rows, 96 blocks: 24.2 us against 64 x 64's 30.8).
+# Chosen by scripts/sweep_tc_gemm.py over Llama-3.2-1B's four projections at 128-4,096 rows (measured:
+# docs/bench-h200.md). `tile_for` picks per GEMM: 128 x 128 x 64 over 3 stages (108 KB) is fastest wherever its
+# blocks come near one wave (>= 128 blocks: gate|up from 128 rows, every projection from 1,024); 64 x 128 x 64
+# (81 KB) below that where it has the blocks; 64 x 64 x 32 where even those do not fill the GPU once.
 DEFAULT_TILE = TileShape(64, 128, 64, 2, 2, 3)
 LARGE_TILE = TileShape(128, 128, 64, 2, 2, 3)   # best where its blocks come near one wave (LARGE_MIN_WAVE)
 SMALL_TILE = TileShape(64, 64, 32, 2, 2, 4)     # best where even DEFAULT_TILE's blocks do not fill it once (128)
-H200_SMS = 132
+H200_SMS = 132  # SMs of the GPU the tiles were tuned on: tile_for's and split_for's default sm_count
 
 
 LARGE_MIN_WAVE = 0.9  # LARGE_TILE from this fraction of a wave of blocks: 128 blocks won (gate|up at 128 rows), 48 lost
@@ -117,8 +113,7 @@ LARGE_MIN_WAVE = 0.9  # LARGE_TILE from this fraction of a wave of blocks: 128 b
 
 def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> TileShape:
     """The largest tile that still keeps the SMs busy: the sweeps' winner (or within 2 % of it) in each of their
-    16 cases at 128-4,096 rows (Round 10: 128 x 128 x 64 from 128 blocks; 64 x 128 at 48 blocks lost to 64 x 64 at
-    96, Round 7)."""
+    16 cases at 128-4,096 rows (128 x 128 x 64 from 128 blocks; 64 x 128 at 48 blocks loses to 64 x 64 at 96)."""
     def blocks(tile: TileShape) -> int:
         return cdiv(m, tile.block_m) * cdiv(n, tile.block_n)
     if blocks(LARGE_TILE) >= LARGE_MIN_WAVE * sm_count:
@@ -202,7 +197,7 @@ def _gemm_tc_kernel(tile: TileShape, residual: bool, split: bool, swiglu: bool =
         w_round_stride: w_rows_per_round rows of W). Zeros past the edges (rows_left: rows of the operand, or of
         its half of W, from the thread's first one; K's end), read from index 0 instead.
         Only the column moves from slice to slice, so the addresses are one add each (not two 64-bit index
-        products: the integer work had outgrown the mmas in the loop)."""
+        products: integer work that would outgrow the mmas in the loop)."""
         k_col = np.uint32(k0 + col)  # 32-bit index arithmetic (numba widens to 64 bits, these casts narrow it
         k_inside = k_col < in_features  # back): the launcher holds x and W under 2^31 elements
         for i in range(x_rounds):
@@ -368,8 +363,8 @@ def sum_splits_kernel(residual: bool):
 @jit
 def to_bf16_rows_kernel(x, out):
     """Rows over the grid's y, columns over its x, in while loops: no division at all (a flat index split back into
-    row and column took a 64-bit division and modulo an element: 62 us for 4,096 x 2,048 on the H200, a third of the
-    copy bandwidth; and a range() with a step unknown at compile time divides once for its trip count)."""
+    row and column costs a 64-bit division and modulo an element, enough to hold the copy to a third of the memory
+    bandwidth; and a range() with a step unknown at compile time divides once for its trip count)."""
     num_rows, row_len = x.shape
     row = cuda.blockIdx.y
     while row < num_rows:

@@ -54,34 +54,29 @@ from .weight_dtype import f32_from_bits, weight_bits, weight_to_f32, weights_ref
 MAX_GEMV_TOKENS = 32 if SIMULATOR else 8
 GEMV_ROWS = 4        # rows one gemv thread owns: each x value it reads feeds GEMV_ROWS multiply-adds
 # gemv_coalesced walks more tokens a few at a time, its rows coming back from L2 (~3 TFLOP/s past 16 tokens);
-# gemm_blocked (128-bit shared reads, split-K on down_proj) passes it from ~32 tokens: one layer's
-# projections at 64 tokens 1.75 ms vs 1.07, at 32 tokens 0.90 vs ~0.85 (scripts/crossover_linear.py on the
-# H200, docs/bench/h200-round3-crossover.log). TINYVLLM_MAX_COALESCED_TOKENS overrides it.
+# gemm_blocked (128-bit shared reads, split-K on down_proj) passes it from ~32 tokens (scripts/crossover_linear.py;
+# measured: docs/bench-h200.md). TINYVLLM_MAX_COALESCED_TOKENS overrides it.
 MAX_COALESCED_TOKENS = int(os.environ.get("TINYVLLM_MAX_COALESCED_TOKENS", 32))
 THREADS = 128
 TILE = 16
 TILE_PADDED = TILE + 1  # shared-array shapes must be compile-time constants: no arithmetic inside
 
 # gemv_coalesced: each thread issues rows x unroll weight loads of 4 bf16 (8 bytes) before using any.
-# A bandwidth-bound kernel needs ~latency x bandwidth bytes in flight (H200: ~0.7 us x 4.3 TB/s ~ 3 MB,
-# ~23 KB per SM). Chosen by scripts/sweep_gemv.py on the H200 (54 variants, docs/bench-h200.md): 64
-# threads x 4 rows x 4 loads x 8 B read the 525 MB LM head at 4.1 TB/s (cuBLAS bf16: 4.2; the previous
-# 128 x 2 rows x 4 x uint32: 2.2). ptxas (sm_90): 72 registers at 1 token, 106 at 2.
-# Past 2 tokens the kernel is bound by instructions, not bytes: each x value loaded feeds one FMA per row
-# of the block and each weight word 4 per token. Passes of 4 tokens over 8 rows (1 load in flight) give 8
-# FMAs per x load and 16 per weight word in 96 registers; 8 tokens x 2 rows (2 FMAs per x load) ran a
-# batch-64 decode step in 40 ms on the H200.
-# Round 4 (scripts/sweep_gemv.py timing launches inside a CUDA graph, weights from HBM,
-# docs/bench/h200-round4-sweep_gemv.log): at 1-2 tokens 2 loads in flight per row beat 4 on every decode
-# shape, and narrow outputs want wider blocks (fewer blocks, more threads splitting each row): down_proj
-# 16.7 -> 11.5 us with 256 threads, o_proj 6.6 -> 5.5, q|k|v 7.6 -> 6.4 with 128, gate|up 23.1 -> 21.4
-# with 64 (the LM head reads at 4.1 TB/s with 2 or 4, docs/bench/h200-sweep-gemv.log). coalesced_threads
-# picks the block size from the row-group count: the widest of 64, 128, 256 threads that keeps the grid
-# within COALESCED_GRID_THREADS threads.
-# Round 5 (docs/bench/h200-round5-sweep_gemv_fused.log): the norm-fused launches (more work per weight word:
-# the sum of squares and the gains) want more rows a block: 128 threads x 8 rows, norm + gate|up + SwiGLU
-# 25.4 -> 21.8 us with 1 load in flight per row, norm + q|k|v + RoPE 8.6 -> 7.6 us with 2 (64 x 4 rows x 4
-# loads before); the residual-fused ones keep the plain kernel's shape (256 x 4 x 2 best).
+# A bandwidth-bound kernel needs ~latency x bandwidth bytes in flight (~0.7 us x 4.3 TB/s ~ 3 MB on a
+# 132-SM GPU, ~23 KB per SM). The shapes below were chosen by scripts/sweep_gemv.py, timing launches inside a
+# CUDA graph with the weights read from HBM (measured: docs/bench-h200.md); ptxas (sm_90): 72 registers at 1
+# token, 106 at 2.
+# - 1-2 tokens: COALESCED_ROWS rows x COALESCED_UNROLL loads in flight per row (2 beat 4 on every decode shape;
+#   the LM head reads near cuBLAS's bandwidth with either). Narrow outputs want wider blocks (fewer blocks, more
+#   threads splitting each row): coalesced_threads picks the block size from the row-group count, the widest of
+#   64, 128, 256 threads that keeps the grid within COALESCED_GRID_THREADS threads.
+# - Past 2 tokens the kernel is bound by instructions, not bytes: each x value loaded feeds one FMA per row of the
+#   block and each weight word 4 per token. Passes of COALESCED_PASS_TOKENS = 4 tokens over
+#   COALESCED_ROWS_MANY_TOKENS = 8 rows (1 load in flight) give 8 FMAs per x load and 16 per weight word in 96
+#   registers.
+# - The norm-fused launches (more work per weight word: the sum of squares and the gains) want more rows a block:
+#   NORM_THREADS x NORM_ROWS, 1 load in flight per row with SwiGLU behind, 2 with RoPE; the residual-fused ones
+#   keep the plain kernel's shape.
 COALESCED_ROWS = 4
 COALESCED_UNROLL = 2
 NORM_THREADS = 4 if SIMULATOR else 128
@@ -104,8 +99,8 @@ COALESCED_THREADS = 4 if SIMULATOR else 64
 # so it runs the tree (WARP_REDUCE is a compile-time constant: the other branch is compiled out); the GPU
 # tests (TINYVLLM_TEST_GPU=1) cover the shuffles. The launchers' warp_reduce= picks either on a GPU, for
 # scripts/sweep_gemv.py to time both; TINYVLLM_WARP_REDUCE=0 makes the tree the default (a whole decode step,
-# scripts/profile_decode.py, either way). Passes of more than 2 tokens keep the tree until measured: shuffling
-# their 8 rows x 4 tokens of sums one by one takes ptxas (sm_90) from 96 registers to 144 (10 -> 7 blocks an SM).
+# scripts/profile_decode.py, either way). Passes of more than 2 tokens keep the tree: shuffling their 8 rows x 4
+# tokens of sums one by one would take ptxas (sm_90) from 96 registers to 144 (7 blocks an SM instead of 10).
 WARP_REDUCE = not SIMULATOR and os.environ.get("TINYVLLM_WARP_REDUCE", "1") != "0"
 WARP_REDUCE_MAX_CHUNK = 2
 WARP_SIZE = 32
@@ -115,11 +110,11 @@ FULL_WARP = 0xFFFFFFFF
 # THREAD_FEATURES (8 x 4) micro-tile of it: 16 x 8 = 128 threads, 32 float32 accumulators each. Per step
 # of k a thread reads 8 + 4 contiguous values from shared memory as three 128-bit loads for 32 FMAs (the
 # simple gemm: 2 reads per FMA). gemm_blocked_kernel(8, 8) (64 x 128 tiles, 64 FMAs per 4 loads) is there
-# for scripts/crossover_linear.py to compare: ptxas gives it 168 registers against 8 x 4's 125 (it measured
-# slower). 64 x 64 tiles keep a short prompt's grid wide (T = 512, N = 2048: 256 blocks for 132 SMs).
+# for scripts/crossover_linear.py to compare: ptxas gives it 168 registers against 8 x 4's 125, and it is
+# slower. 64 x 64 tiles keep a short prompt's grid wide (T = 512, N = 2048: 256 blocks for 132 SMs).
 # BLOCK_K = 16: a warp loads 16 consecutive k of 2 rows (64 B of x, 32 B of W per row: whole 32-byte
-# sectors); BLOCK_K = 32 pushed ptxas (sm_90) to 168 registers. 125 registers (no spills; 96 before the
-# split-K bounds): 4 blocks, 16 warps per SM.
+# sectors); BLOCK_K = 32 would take ptxas (sm_90) to 168 registers. 125 registers (no spills): 4 blocks,
+# 16 warps per SM.
 # Shared memory: 2 x 16 x 68 x 4 B = 8.7 KB per block.
 BLOCK_TOKENS = 64
 BLOCK_FEATURES = 64
@@ -131,11 +126,10 @@ BLOCKED_THREADS_Y = BLOCK_TOKENS // THREAD_TOKENS      # 8: threadIdx.y walks to
 LOAD_ROW_STEP = BLOCKED_THREADS_X * BLOCKED_THREADS_Y // BLOCK_K  # 8: tile rows the block loads at once
 # A warp stores 16 k x 2 rows into a k-major tile: a row stride of 64 + SHARED_ROW_PAD = 68 words puts (k, row)
 # in bank (4 k + row) % 32, 2-way conflicts at worst, and keeps every row 16-byte aligned for the vector reads.
-# Split-K: below SPLIT_TARGET_BLOCKS output tiles (3 blocks per SM of an H200) gemm_blocked cuts K into
-# slices of at least MIN_SPLIT_K, so narrow outputs fill the GPU. In a batch-256 decode graph on the H200
-# (docs/bench/h200-round3-*.log) slices of 256 up made q|k|v 3.3 -> 2.5 ms and o_proj 2.4 -> 1.5 ms a step,
-# and down_proj 0.77 -> 0.36 ms a layer. (scripts/crossover_linear.py times eager launches, so there the
-# extra sum launch's host cost makes the K = 2048 splits look slower than they are in a graph.)
+# Split-K: below SPLIT_TARGET_BLOCKS output tiles (3 blocks per SM of a 132-SM GPU) gemm_blocked cuts K into
+# slices of at least MIN_SPLIT_K, so narrow outputs fill the GPU: a batch-256 decode graph's q|k|v, o_proj and
+# down_proj run faster split (measured: docs/bench-h200.md). (scripts/crossover_linear.py times eager launches, so
+# there the extra sum launch's host cost makes the K = 2048 splits look slower than they are in a graph.)
 SPLIT_TARGET_BLOCKS = 3 * 132
 MIN_SPLIT_K = 256
 assert BLOCK_TOKENS % LOAD_ROW_STEP == 0 and BLOCK_FEATURES % LOAD_ROW_STEP == 0

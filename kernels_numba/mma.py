@@ -85,11 +85,9 @@ if not SIMULATOR:
         window once (an address-space cast the compiler sees through and shares between calls, not a cvta inside
         each asm) plus each index times its stride, every term in 32-bit integers (the shared window is far below
         2^32 bytes: the same address as the 64-bit sum truncated). Built in 32 bits from the start, not as a 64-bit
-        offset truncated at the end: the truncation kept the compiler from moving constant offsets past the base,
-        so each ldmatrix paid an add; now the base and a lane's part are one register and each constant offset
-        folds into the instruction's immediate (LDSM [R+0x900]; offline SASS, not timed on a GPU: the main loops
-        of gemm_tc's 128 x 128 x 64 tile 361 -> 309 instructions, 64 x 128 x 64 256 -> 210, 64 x 64 x 32 106 -> 90,
-        128 x 128 x 32 208 -> 177; of prefill_tc's bf16-pool kernel, once its copies were cut, 488 -> 453)."""
+        offset truncated at the end, which would keep the compiler from moving constant offsets past the base (an
+        add before each ldmatrix): the base and a lane's part are one register and each constant offset folds into
+        the instruction's immediate (LDSM [R+0x900]; the instruction counts offline: docs/bench-h200.md)."""
         array_struct = context.make_array(array_type)(context, builder, value=array)
         i32 = ir.IntType(32)
         data = array_struct.data

@@ -135,7 +135,7 @@ def _rope_qkv_kernel(write_pool: bool):
     @jit
     def kernel(qkv, positions, inv_freq, q, k, v, k_pool, v_pool, slot_mapping):
         # tokens over the grid's y, a token's pairs over its x, in while loops: one division a pair (a flat index
-        # over all tokens took three, and a range() with a runtime step one more for its trip count)
+        # over all tokens takes three, and a range() with a runtime step one more for its trip count)
         n_tokens = qkv.shape[0]
         head_dim = q.shape[2]
         n_all_heads = q.shape[1] + 2 * k.shape[1]

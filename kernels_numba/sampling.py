@@ -46,7 +46,7 @@ NO_INDEX = np.int32(2**31 - 1)  # loses every tie, so a thread that saw no eleme
 DEFAULT_THREADS = 4 if SIMULATOR else 256
 # argmax runs a block per row: at batch 1 that is one block on one SM for the whole 128256-logit row, and
 # its loop waits on each load in turn, so it gets the widest block (126 logits a thread instead of 501)
-# while the rows alone fill fewer than 2 blocks per SM of an H200.
+# while the rows alone fill fewer than 2 blocks per SM of a 132-SM GPU.
 ARGMAX_WIDE_THREADS = 4 if SIMULATOR else MAX_THREADS
 ARGMAX_WIDE_BELOW_ROWS = 2 * 132
 

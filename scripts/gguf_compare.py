@@ -44,7 +44,7 @@ TOKENIZER_TEXTS = ["What is the capital of France?", "Hello world!  Two  spaces,
 def numpy_stages(config, w: dict, inv_freq: np.ndarray, ids: list[int]) -> dict[str, np.ndarray]:
     """Every stage of docs/architecture.md for one sequence, from the kernels' numpy twins."""
     from kernels_numba.activation import silu_mul_ref
-    from kernels_numba.attention import attention_ref
+    from lessons.contiguous_cache import attention_ref
     from kernels_numba.embedding import embedding_ref
     from kernels_numba.matmul import linear_ref
     from kernels_numba.rmsnorm import rmsnorm_ref

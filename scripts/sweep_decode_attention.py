@@ -44,7 +44,7 @@ def main():
     parser.add_argument("--max-context", type=int, default=0, help="block table width in keys (0: the context)")
     args = parser.parse_args()
     from numba import cuda
-    import kernels_numba.attention.split_keys as sk
+    import lessons.split_keys as sk
     import kernels_numba.attention.decode_gqa as gqa
     from sweep_gemv import time_in_graph  # scripts/ is on the path when a script runs
     rng = np.random.default_rng(0)

@@ -33,7 +33,8 @@ def kernels(spec: str, ablate: bool, max_registers: str, seq, pos):
     """(name, launcher, tiles): prefill_gqa, prefill_tc's original and current options, then --tc-variants."""
     from kernels_numba.attention import (build_prefill_gqa_tiles, build_prefill_tc_tiles, paged_attention_prefill_gqa,
                                          paged_attention_prefill_tc)
-    from kernels_numba.attention.prefill_tc import ORIGINAL_OPTIONS, TC_OPTIONS
+    from kernels_numba.attention.prefill_tc import TC_OPTIONS
+    from lessons.prefill_tc_original import ORIGINAL_OPTIONS
     group = N_HEADS // N_KV_HEADS
     yield "prefill_gqa", paged_attention_prefill_gqa, build_prefill_gqa_tiles(seq, pos, HEAD_DIM, group)
     tc_tiles = build_prefill_tc_tiles(seq, pos, group)

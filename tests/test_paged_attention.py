@@ -6,13 +6,12 @@ import pytest
 from kernels_numba.common import BufferArena, cdiv, cuda, device_zeros, launching_into
 import kernels_numba.attention.decode_gqa as decode_gqa_module
 import kernels_numba.attention.prefill_gqa as prefill_gqa_module
-import kernels_numba.attention.split_keys as split_keys_module
 from kernels_numba.attention.prefill_gqa import _gqa_shared_bytes
 from kernels_numba.attention import (
     GQA_SHARED_BYTES, QTILE, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
     paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
-    paged_attention_prefill_gqa, paged_attention_split_keys, paged_attention_ref, write_kv_paged,
-    paged_attention_decode_gqa, paged_attention_flash_decode, split_partitions,
+    paged_attention_prefill_gqa, paged_attention_ref, write_kv_paged,
+    paged_attention_decode_gqa, paged_attention_flash_decode,
     write_kv_paged_ref)
 from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
 from tests.helpers import poisoned
@@ -161,9 +160,10 @@ def _stretch(step: Step, scale, q_gain, score_offset):
 def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled",
            table_width=0, kv_dtype=np.float32):
     """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores.
-    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "split_keys" / "decode_gqa" /
-    "flash_decode" / "gqa": that kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever
-    the scenario. table_width: pad the block tables with -1 to that many blocks (a graph's longest context).
+    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "decode_gqa" / "flash_decode" /
+    "gqa": that kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever the scenario; a
+    launcher with per_query's signature (a lesson's, tests/lessons/) likewise. table_width: pad the block tables
+    with -1 to that many blocks (a graph's longest context).
     kv_dtype: the pools' (np.uint16: bf16 bits); the reference and the tolerance use the pools' float32 values."""
     decode = scenario == "decode"
     step = _step(rng, _scenario(scenario, block_size), block_size, n_heads, n_kv_heads, head_dim,
@@ -190,10 +190,10 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
                                           tiles=tiles)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
                                    scale)
-    elif kernel in ("per_query", "split_keys", "decode_gqa", "flash_decode"):  # varlen queries: one thread / block
-        launch = {"per_query": paged_attention_per_query, "split_keys": paged_attention_split_keys,  # per (query,
-                  "decode_gqa": paged_attention_decode_gqa,                                     # head or KV head)
-                  "flash_decode": paged_attention_flash_decode}[kernel]
+    elif callable(kernel) or kernel in ("per_query", "decode_gqa", "flash_decode"):  # varlen queries: one thread
+        launch = kernel if callable(kernel) else {  # / block per (query, head or KV head)
+            "per_query": paged_attention_per_query, "decode_gqa": paged_attention_decode_gqa,
+            "flash_decode": paged_attention_flash_decode}[kernel]
         got = launch(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
                      cuda.to_device(step.query_pos), scale, out=out)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
@@ -239,15 +239,14 @@ def test_per_query_kernel_serves_prefill_too(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="per_query")
 
 
-STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "split_keys", "decode_gqa", "flash_decode")
+STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "decode_gqa", "flash_decode")
                    for scenario in ("decode", "chunked")]
 STABILITY_CASES.append(("chunked", "gqa"))
 
 
 @pytest.mark.parametrize("scenario, kernel", STABILITY_CASES)
 def test_stable_with_huge_score_gaps(rng, scenario, kernel):
-    # Scores spread over +-1000s: the running max must rise and rescale, and exp(m_old - m_new) underflows to 0;
-    # in split_keys the rescale of the earlier chunks' sum and accumulators underflows too.
+    # Scores spread over +-1000s: the running max must rise and rescale, and exp(m_old - m_new) underflows to 0.
     scores = _check(rng, scenario, 4, 6, 2, 16, q_gain=300.0, kernel=kernel)
     assert max(np.abs(s).max() for s in scores) > 2 * LOG_F32_MAX, "scores too small to prove anything"
 
@@ -264,15 +263,14 @@ def test_stable_when_every_naive_exp_overflows_or_underflows(rng, scenario, kern
 # bf16 pools (uint16 bit patterns, kernels_numba.kv_dtype): write_kv_paged rounds K and V to nearest even (_write
 # checks every bit), and each launcher computes the float32 pool's math on the rounded values: decoding a bf16 is
 # exact, so with the reference run on the decoded pool the float32 path's bound (_tolerance) holds unchanged.
-# Every launcher on the engine's path, plus the readable prefill and split_keys, on decode and prefill steps.
+# Every launcher on the engine's path, plus the readable prefill, on decode and prefill steps.
 BF16_POOL_CASES = [
     ("decode", "tiled", LAYOUTS[2]),  # paged_attention_decode: per_query
     ("chunked", "per_query", LAYOUTS[3]),
     ("decode", "decode_gqa", LAYOUTS[1]), ("shared_prefix", "decode_gqa", LAYOUTS[2]),
     ("decode", "flash_decode", LAYOUTS[2]), ("chunked", "flash_decode", LAYOUTS[1]),
     ("chunked", "gqa", LAYOUTS[2]),
-    ("shared_prefix", "tiled", LAYOUTS[1]),  # paged_attention_prefill (readable)
-    ("decode", "split_keys", LAYOUTS[2])]
+    ("shared_prefix", "tiled", LAYOUTS[1])]  # paged_attention_prefill (readable)
 
 
 @pytest.mark.parametrize("scenario, kernel, layout", BF16_POOL_CASES)
@@ -295,53 +293,11 @@ def test_bf16_pool_stable_when_every_naive_exp_overflows(rng):
     assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
 
 
-# The decode kernels' cases (split_keys, decode_gqa, flash_decode): decode on every layout (lengths 1 and 6 leave
-# threads without keys); chunked and shared_prefix give several queries per sequence at different positions, in
-# shuffled order.
+# The decode kernels' cases (decode_gqa, flash_decode; split_keys in tests/lessons/test_split_keys.py): decode on
+# every layout (lengths 1 and 6 leave threads without keys); chunked and shared_prefix give several queries per
+# sequence at different positions, in shuffled order.
 DECODE_CASES = [("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
                 ("chunked", LAYOUTS[3]), ("shared_prefix", LAYOUTS[1])]
-
-
-@pytest.mark.parametrize("scenario, layout", DECODE_CASES)
-def test_split_keys_kernel_matches_ref(rng, scenario, layout):
-    _check(rng, scenario, *layout, kernel="split_keys")
-
-
-@pytest.mark.parametrize("threads", [1, 7, 37])
-def test_split_keys_any_thread_count(rng, monkeypatch, threads):
-    # 1: one thread does every phase alone; 7: odd, fewer than head_dim (12), so a thread owns several output
-    # dims; 37: three key slices of 12 lanes plus an idle thread, and more threads than the longest context
-    # (33 keys) and than a chunk, so most threads hold no key. The odd counts exercise the block reductions'
-    # uneven folds.
-    monkeypatch.setattr(split_keys_module, "SPLIT_THREADS", threads)
-    _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
-
-
-@pytest.mark.parametrize("partition_below, partition_keys", [(0, 16), (10**6, 4), (10**6, 64)])
-def test_split_keys_with_and_without_partitions(rng, monkeypatch, partition_below, partition_keys):
-    # (0, _): one block per (query, head) over its whole context; (_, 4): up to 9 partitions of 4 keys per
-    # (query, head), most of them past the short contexts (no keys: they must weigh nothing in the combine);
-    # (_, 64): partitions of 64 keys cover the whole (short) block table: one block per (query, head) again.
-    monkeypatch.setattr(split_keys_module, "SPLIT_PARTITION_BELOW_BLOCKS", partition_below)
-    monkeypatch.setattr(split_keys_module, "PARTITION_KEYS", partition_keys)
-    _check(rng, "decode", *LAYOUTS[2], kernel="split_keys")
-    _check(rng, "chunked", *LAYOUTS[1], kernel="split_keys")
-
-
-def test_split_partitions_only_for_small_batches():
-    big_batch = split_keys_module.SPLIT_PARTITION_BELOW_BLOCKS  # queries x 1 head
-    assert split_partitions(big_batch, 1, 2048) == 1
-    assert split_partitions(1, 32, 2048) == cdiv(2048, split_keys_module.PARTITION_KEYS)
-    assert split_partitions(1, 32, 1) == 1
-
-
-def test_split_keys_long_chunks_and_wide_heads(rng, monkeypatch):
-    # head_dim 40 over 5 threads (8 dims each); chunks of 32 keys, so the 33-key context ends in a 1-key chunk
-    # (the weights and rows past it keep the previous chunk's values and must not be read).
-    monkeypatch.setattr(split_keys_module, "SPLIT_THREADS", 5)
-    monkeypatch.setattr(split_keys_module, "SPLIT_KEY_CHUNK", 32)
-    monkeypatch.setattr(split_keys_module, "SPLIT_PARTITION_BELOW_BLOCKS", 0)  # one block per (query, head)
-    _check(rng, "decode", 4, 2, 1, 40, kernel="split_keys")
 
 
 # paged_attention_decode_gqa: group ratios 1, 2, 3 and 3 (LAYOUTS), so a block serves 1 to 3 query heads (one
@@ -465,8 +421,6 @@ def test_rejects_head_dim_beyond_local_accumulator():
         paged_attention_decode(q, pool, pool, table, ones, 1.0)
     with pytest.raises(AssertionError):
         paged_attention_prefill(q, pool, pool, table, ones, ones, 1.0)
-    with pytest.raises(AssertionError):
-        paged_attention_split_keys(q, pool, pool, table, ones, ones, 1.0)
     with pytest.raises(AssertionError):
         paged_attention_decode_gqa(q, pool, pool, table, ones, ones, 1.0)
     with pytest.raises(AssertionError):

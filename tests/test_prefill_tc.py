@@ -9,7 +9,7 @@ import pytest
 
 from kernels_numba.attention import (PrefillTiles, gqa_shape, max_prefill_tiles, paged_attention_prefill_gqa,
                                      paged_attention_ref, prefill_tiles_host)
-from kernels_numba.attention.prefill_tc import (ORIGINAL_OPTIONS, TC_OPTIONS, build_prefill_tc_tiles,
+from kernels_numba.attention.prefill_tc import (TC_OPTIONS, build_prefill_tc_tiles,
                                                 paged_attention_prefill_tc, tc_queries_per_tile, tc_shared_bytes)
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
@@ -95,12 +95,11 @@ def test_prefill_tc_pipeline_over_many_key_tiles(rng, kv_dtype):
     _check_tc(rng, PIPELINE_SPECS, 4, 6, 2, 16, warps=2, kv_dtype=kv_dtype)
 
 
-@pytest.mark.parametrize("options", [ORIGINAL_OPTIONS, dataclasses.replace(TC_OPTIONS, max_registers=128)],
-                         ids=["original", "max_registers_128"])
+@pytest.mark.parametrize("options", [dataclasses.replace(TC_OPTIONS, max_registers=128)],
+                         ids=["max_registers_128"])
 def test_prefill_tc_other_options_still_match(rng, options):
-    # ORIGINAL_OPTIONS (kept to time old against new: unpipelined, e-based, f32_to_bf16 packing, every tile masked)
-    # within the same bound, on the bf16 pool it copies unpipelined; and the register cap the timing script tries
-    # (on the GPU: the kernel compiled under it; in the simulator there is no cap)
+    # the register cap the timing script tries (on the GPU: the kernel compiled under it; in the simulator there is
+    # no cap), within the same bound; ORIGINAL_OPTIONS: tests/lessons/test_prefill_tc_original.py
     assert options != TC_OPTIONS
     _check_tc(rng, PIPELINE_SPECS[:1], 4, 6, 2, 16, warps=2, kv_dtype=np.uint16, options=options)
 

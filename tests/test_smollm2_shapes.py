@@ -41,7 +41,7 @@ def test_norms_and_rope(rng):
     rope_tests.test_rope_qkv_matches_ref_and_unfused_rope_bit_for_bit(rng, HEADS, KV_HEADS, HEAD_DIM)
 
 
-@pytest.mark.parametrize("scenario, kernel", [("decode", "per_query"), ("decode", "tiled"), ("decode", "split_keys"),
+@pytest.mark.parametrize("scenario, kernel", [("decode", "per_query"), ("decode", "tiled"),
                                               ("decode", "decode_gqa"), ("decode", "flash_decode"),
                                               ("chunked", "tiled"), ("chunked", "gqa")])
 def test_attention(rng, scenario, kernel):

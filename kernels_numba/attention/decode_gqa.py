@@ -1,6 +1,6 @@
 """Paged decode attention, one block per (query, KV head) for its whole group of query heads: the GPU's
-decode kernels (decode_gqa for large batches, flash_decode, the same kernel over key partitions, for small
-ones). The math and the pool layout: paged_kv.
+decode kernels below decode_warps' batches (decode_gqa for mid-size batches; flash_decode, the same kernel over
+key partitions, for small ones). The math and the pool layout: paged_kv.
 
 - `paged_attention_decode_gqa`: the same contract again, one block per (query, KV head) for the whole
   group of query heads (4 on Llama-3.2-1B), GQA_DECODE_KEY_CHUNK keys at a time: the block copies the
@@ -9,10 +9,10 @@ ones). The math and the pool layout: paged_kv.
   (broadcast reads) and raises its running max m, the scores become weights, and a thread per (pair of heads,
   dim) adds weights @ V and the weights' sum l, both rescaled by exp(m_old - m_new). The next chunk's K/V
   loads are issued into registers before this chunk's compute (register prefetch), so memory and math
-  overlap. split_keys reads each K/V row once per query head (4x the traffic); this reads it once. The
-  decode kernel for large GPU batches (long contexts at batch 256). A bf16 pool (kv_dtype) is read in words of
-  KV_BF16_PER_LOAD elements (the rows viewed as uint32 by default), each unpacked into the float32 tile: half
-  the bytes of a float32 pool for the same loads per warp.
+  overlap. A block per (query, head) would read each K/V row once per query head (4x the traffic:
+  lessons/split_keys.py); this reads it once. The decode kernel for mid-size GPU batches. A bf16 pool
+  (kv_dtype) is read in words of KV_BF16_PER_LOAD elements (the rows viewed as uint64 by default), each
+  unpacked into the float32 tile: half the bytes of a float32 pool, in fewer loads.
 - `paged_attention_flash_decode`: decode_gqa split over key partitions (flash-decoding), for small GPU
   batches, whose T x n_kv_heads blocks would leave most SMs idle (8 at batch 1). Grid (T, n_kv_heads,
   partitions), partitions of FLASH_DECODE_PARTITION_KEYS covering the longest context the block tables address
@@ -36,33 +36,29 @@ from ..kv_dtype import kv_to_f32
 from .paged_kv import _ix, _check_pool, _check_queries, _output, _pool_rows
 
 GQA_DECODE_THREADS = 4 if SIMULATOR else 128
-# The runner's switch from split_keys (T x n_heads blocks; now flash_decode) to decode_gqa (T x n_kv_heads blocks):
-# from 64 (query, KV head) pairs, a decode batch of 8 on Llama-3.2-1B. Graph-timed on the H200
-# (docs/bench/h200-round4-final-sweep_decode_attention.log, 512-key contexts): batch 8 split_keys 74.7 us,
-# decode_gqa 42.6; batch 32 183.1 vs 59.5; at batch 1 (256 keys) split_keys' partitions win, 14.3 vs 22.4.
+# The runner's switch from flash_decode (key partitions) to decode_gqa (T x n_kv_heads blocks): from 64 (query, KV
+# head) pairs, a decode batch of 8 on Llama-3.2-1B; below it a block per (query, KV head) leaves most SMs idle
+# and partitions of the keys win (measured: docs/bench-h200.md).
 DECODE_GQA_MIN_BLOCKS = 64
-# Keys whose K and V rows sit in shared memory (and, prefetched, in registers) at once. On the H200 (same
-# log) 16 keys x 128 threads read the KV of batch 256 x 1024 keys at 1.70 TB/s, 32 keys 1.13, 64 keys 1.35
-# (ptxas: 98, 134, 156 registers: 5, 3, 3 blocks per SM), 256 threads slower still; but while the grid is
-# under GQA_FEW_BLOCKS blocks (2 per SM) fewer, longer chunks win: batch 8 x 512 keys 42.6 us with 64-key
-# chunks vs 55.1 with 16, batch 32 59.5 vs 63.9; batch 64 (512 blocks) 112.9 vs 84.9.
+# Keys whose K and V rows sit in shared memory (and, prefetched, in registers) at once. With many blocks, 16 keys x
+# 128 threads read the KV fastest: longer chunks take more registers, so fewer blocks fit an SM; but while the grid
+# is under GQA_FEW_BLOCKS blocks (2 per SM of a 132-SM GPU) fewer, longer chunks win (the sweep:
+# scripts/sweep_decode_attention.py; measured: docs/bench-h200.md).
 GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 16
 GQA_DECODE_KEY_CHUNK_FEW_BLOCKS = 8 if SIMULATOR else 64
 GQA_FEW_BLOCKS = 2 * 132
 # flash_decode (decode_gqa split over key partitions), for decode batches under DECODE_GQA_MIN_BLOCKS
 # (query, KV head) pairs. 64-key partitions: a 400-key context gets 7 per (query, KV head), 56 blocks at batch 1
 # instead of decode_gqa's 8; one 64-key chunk each, so a block issues all its K/V loads at once (decode_gqa's
-# fastest chunk while its grid is small, above). 256 threads: batch 1, 128 / 384 keys, 11.0 -> 9.9 / 12.5 -> 11.4
-# us against 128 (graph-timed sweep, docs/bench/h200-round5-sweep_decode_attention.log; ptxas: 126 registers).
+# fastest chunk while its grid is small, above). 256 threads beat 128 at batch 1 (measured: docs/bench-h200.md).
 # The simulator: 16-key partitions of two 8-key chunks, so its 33-key tests cross 3 partitions and chunks.
 FLASH_DECODE_THREADS = 4 if SIMULATOR else 256
 FLASH_DECODE_PARTITION_KEYS = 16 if SIMULATOR else 64
 FLASH_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64
 # A bf16 pool's K/V elements per load: 1 (uint16 loads), 2 (uint32: a warp reads 128 bytes per load instruction, as
 # it does from a float32 pool) or 4 (uint64); the rows are viewed as words of that size and each word is unpacked
-# into the shared tile. scripts/time_kv_dtype_decode.py times each: on the H200 (docs/bench/h200-round8-kv-decode-chunks.log,
-# 16-key chunks) 4 beats 2 by 8-9 % at batch 64 x 1,024 and 256 x 512 / 1,024 keys (1,296-1,324 GB/s against
-# 1,190-1,214); 32- and 64-key chunks are slower with either.
+# into the shared tile. scripts/time_kv_dtype_decode.py times each: with 16-key chunks 4 beats 2 at large batches,
+# and 32- and 64-key chunks are slower with either (measured: docs/bench-h200.md).
 KV_BF16_PER_LOAD = 4
 _BF16_WORDS = {1: np.uint16, 2: np.uint32, 4: np.uint64}
 

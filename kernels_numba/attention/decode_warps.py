@@ -48,11 +48,9 @@ from .decode_gqa import _BF16_WORDS, _load_rows, _unpack_bf16, _unpack_element
 from .paged_kv import _ix, _check_pool, _check_queries, _output
 
 # Warps per block. Each keeps up to 16 + 16 uint64 loads a lane in flight (bf16, head_dim 64); 4 warps: 128 threads,
-# as decode_gqa (8 would need 61 KB of shared memory at group 4). On the H200
-# (docs/bench/h200-round10-time-decode-warps.log, bf16 pool, graph-timed) 4 warps against decode_gqa: batch 64 x
-# 1,024 keys 59.2 vs 127.7 us (2,268 vs 1,051 GB/s), 256 x 512 112.5 vs 217.5, 256 x 1,024 214.0 vs 428.4 (2,509
-# GB/s); 2 warps the same at batch 256, 70.5 us at 64. The simulator: 2 warps (64 Python threads a block), so a 65-key context
-# already runs its warps over uneven rounds.
+# as decode_gqa (8 would need 61 KB of shared memory at group 4); 4 warps run about twice decode_gqa's speed from
+# batch 64, and 2 warps fall behind 4 at batch 64 (scripts/time_decode_warps.py; measured: docs/bench-h200.md).
+# The simulator: 2 warps (64 Python threads a block), so a 65-key context already runs its warps over uneven rounds.
 WARPS = 2 if SIMULATOR else 4
 # The runner's switch from decode_gqa to this kernel: from 512 (query, KV head) pairs, a decode batch of 64 on
 # Llama-3.2-1B, the smallest batch timed (above); decode_gqa keeps batches 8-63 (its 64-key chunks while the grid is

@@ -22,9 +22,9 @@ import numpy as np
 
 from ..common import cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
 from ..kv_dtype import check_kv_pool_dtype, kv_decode_ref, kv_encode_ref, kv_from_f32
-from .contiguous import MAX_HEAD_DIM
 
 THREADS = 128
+MAX_HEAD_DIM = 256  # size of the per-thread accumulator: cuda.local.array needs a compile-time size
 
 
 @jit

@@ -1,5 +1,5 @@
-"""Paged attention, one thread per (query, head): the readable varlen kernel (the simulator's, for decode
-and prefill alike). The math and the pool layout: paged_kv.
+"""Paged attention, one thread per (query, head): the readable varlen kernel (the simulator's for decode and
+prefill alike, but for the fast precision's prefill: prefill_tc). The math and the pool layout: paged_kv.
 
 - `paged_attention_per_query`: varlen queries, one thread per (query, head): query t of sequence s at
   position p walks s's blocks over keys 0..p, keeping a running max m, a running sum l and the head_dim
@@ -14,8 +14,30 @@ import math
 import numpy as np
 
 from ..common import cuda, jit, grid_stride_launch, launch_stream
-from .contiguous import MAX_HEAD_DIM, attend_to_key
-from .paged_kv import THREADS, _check_pool, _check_queries, _output, _to_host, paged_attention_ref
+from ..kv_dtype import kv_to_f32
+from .paged_kv import MAX_HEAD_DIM, THREADS, _check_pool, _check_queries, _output, _to_host, paged_attention_ref
+
+
+@jit(device=True)
+def attend_to_key(q_scaled, k_cache, v_cache, row, column, kv_head, head_dim, acc, running_max, running_sum):
+    """One online-softmax step: fold the key/value at cache[row, column] (a block and offset of the paged KV pool,
+    float32 or bf16 bits; a sequence slot and position of lessons/contiguous_cache.py's cache) into acc, return the
+    new (max, sum)."""
+    score = np.float32(0.0)
+    for d in range(head_dim):
+        score += q_scaled[d] * kv_to_f32(k_cache[row, column, kv_head, d])
+    if score > running_max:
+        correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
+        running_sum *= correction
+        for d in range(head_dim):
+            acc[d] *= correction
+        running_max = score
+    weight = np.float32(math.exp(score - running_max))
+    running_sum += weight
+    for d in range(head_dim):
+        acc[d] += weight * kv_to_f32(v_cache[row, column, kv_head, d])
+    return running_max, running_sum
+
 
 @jit
 def paged_attention_per_query_kernel(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out):

@@ -10,6 +10,8 @@ one thread per query). The math and the pool layout: paged_kv.
   syncthreads, each thread scores its query against the keys it may see (causal), rescales its running
   (m, l, acc) once per key tile by the tile's max, accumulates, syncthreads, next key tile. Scores only
   ever exist for one KTILE at a time: no T x T matrix is materialised.
+No step launches paged_attention_prefill itself: it is the readable form of prefill_gqa and prefill_tc, which keep
+its contract and take its query tiles (build_prefill_tiles, and prefill_tiles_host for prefill CUDA graphs).
 """
 from dataclasses import dataclass
 import math
@@ -18,8 +20,7 @@ import numpy as np
 
 from ..common import cuda, jit, launch_stream
 from ..kv_dtype import kv_to_f32
-from .contiguous import MAX_HEAD_DIM
-from .paged_kv import _check_pool, _output, _to_host
+from .paged_kv import MAX_HEAD_DIM, _check_pool, _output, _to_host
 
 QTILE = 16  # queries per prefill block (one thread each)
 KTILE = 16  # key positions per shared-memory tile

@@ -2,6 +2,9 @@
 per (query tile, KV head) for all the group's query heads. The math and the pool layout: paged_kv; the query
 tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/runner/kernel_plan.py).
 
+    out[t, h] = sum_{j<=p} 2^(s_j - m) V[j, g] / sum_{j<=p} 2^(s_j - m),   s_j = bf16(q[t, h] scale log2 e) . K[j, g]
+              = softmax_j(scale q[t, h] . K[j, g]) V[j, g]   (e^x = 2^(x log2 e); K, V and the weights enter as bf16)
+
 - `paged_attention_prefill_tc`: paged_attention_prefill's contract. A block's rows are (query, head) pairs,
   row r = query r // group of the tile, head kv_head * group + r % group, 16 rows per warp (one mma row tile).
   Q (scaled, rounded to bf16) goes to shared memory once and each warp keeps its A fragments for all of
@@ -18,50 +21,45 @@ tiles: prefill. Runs the prefill attention of the fast precision (tinyvllm/runne
   fragments come from ldmatrix.trans of V [key][dim]. At the end each row's l is summed over its quad and
   out = acc / l.
 
-The pipeline (TcOptions.pipelined; the original loaded a tile, waited for it and computed, the block idle through
-every load): tile 0's copies are issued before Q is staged; then per tile t each thread waits for its copies of
-tile t (cp.async.wait_group 0: the only group in flight), one syncthreads publishes them to the block and also
-proves every warp has finished with the other stage (tile t - 1's, or Q's rows, which lie over stage 1: Q is read
-into registers once, before the first tile), the copies of tile t + 1 go to that stage and are committed as a group,
-and the warps compute tile t. One barrier a tile, as gemm_tc's loop. Shared memory: K and V of two stages (4 x 64
-rows x 72 bf16 = 36 KB at head_dim 64), the same as one stage beside a separate Q tile took. A float32 pool's
-loader rounds with plain stores, so it cannot overlap: it runs in the same loop, its waits empty.
+The pipeline (TcOptions.pipelined): tile 0's copies are issued before Q is staged; then per tile t each thread
+waits for its copies of tile t (cp.async.wait_group 0: the only group in flight), one syncthreads publishes them
+to the block and also proves every warp has finished with the other stage (tile t - 1's, or Q's rows, which lie
+over stage 1: Q is read into registers once, before the first tile), the copies of tile t + 1 go to that stage and
+are committed as a group, and the warps compute tile t. One barrier a tile, as gemm_tc's loop. Shared memory: K
+and V of two stages (4 x 64 rows x 72 bf16 = 36 KB at head_dim 64). A float32 pool's loader rounds with plain
+stores, so it cannot overlap: it runs in the same loop, its waits empty.
 
-The loop's integer work, cut to what a tile needs (offline SASS, not timed on a GPU: scripts/offline_sass.py
---prefill-tc, ptxas and nvdisasm for sm_90 at the fast path's shape: bf16 pool, head_dim 64, group 4, 8 warps,
-64-key tiles, blocks of 16): 798 instructions per key tile for its 64 HMMA before, 453 after; 133 registers before,
-132 after, no spills either way (128 under max_registers=128, still none). Thread tid copies the same places of
-every tile: column 8 (tid % chunks) of key rows tid // chunks + i (threads // chunks), fixed before the loop, so a
-copy computes only its key's block and offset, in 32-bit unsigned arithmetic (a shift and a mask for a power-of-two
-block size), from the sequence's row of the block table; keys past key_len copy 0 bytes from the last key's row
-instead of branching around the lookup. The pools are read flat (the launcher passes them as [1, size]: C-contiguous),
-a source index one 32 x 32 -> 64-bit multiply-add from the slot and the thread's column (no 2^31-element limit). The
-loop steps key_start in int32 and flips the stage (not a signed 64-bit division, modulo and product a tile); the
-diagonal tiles' mask compares, in int32, each row's reach (its position - key_start - 2 quad) with the constants
-8 n and 8 n + 1; ldmatrix's constant offsets fold into its immediate (mma._shared_address). The arithmetic is
-unchanged: the same copies, mmas and softmax, the outputs bit for bit the same in the simulator.
+The loop's integer work is kept to what a tile needs (the instruction counts offline: docs/bench-h200.md). Thread
+tid copies the same places of every tile: column 8 (tid % chunks) of key rows tid // chunks + i (threads //
+chunks), fixed before the loop, so a copy computes only its key's block and offset, in 32-bit unsigned arithmetic
+(a shift and a mask for a power-of-two block size), from the sequence's row of the block table; keys past key_len
+copy 0 bytes from the last key's row instead of branching around the lookup. The pools are read flat (the launcher
+passes them as [1, size]: C-contiguous), a source index one 32 x 32 -> 64-bit multiply-add from the slot and the
+thread's column (no 2^31-element limit). The loop steps key_start in int32 and flips the stage (not a signed
+64-bit division, modulo and product a tile); the diagonal tiles' mask compares, in int32, each row's reach (its
+position - key_start - 2 quad) with the constants 8 n and 8 n + 1; ldmatrix's constant offsets fold into its
+immediate (mma._shared_address).
 
-The exponentials (TcOptions.exp2; the original used math.exp, libdevice's expf, several instructions around one
-ex2 to reach 1 ulp): e^s = 2^(s log2 e), so the launcher hands the kernel scale * log2(e) (q_scale) and every
-score comes out of the first mma in base 2; each weight and each rescale factor is then one subtraction and one
-ex2.approx.ftz (mma.exp2_approx): 32 + 2 a lane per 64-key tile.
+The exponentials (TcOptions.exp2): e^s = 2^(s log2 e), so the launcher hands the kernel scale * log2(e) (q_scale)
+and every score comes out of the first mma in base 2; each weight and each rescale factor is then one subtraction
+and one ex2.approx.ftz (mma.exp2_approx), not libdevice's expf (several instructions around the same ex2 to reach
+1 ulp): 32 + 2 a lane per 64-key tile.
 
-The softmax's other per-score work, cut to what a tile needs: P's weights go to bf16 two at a time by one
-cvt.rn.bf16x2.f32 (TcOptions.cvt_pack, mma.pack_f32_bf16x2; the original rounded each by f32_to_bf16's integer
-ops, then shifted and or-ed a pair together: the same bits), and the causal mask's compares run only in a key
-tile that reaches past one of the lane's two rows (TcOptions.mask_diagonal_only): in a long prompt every other
-tile is wholly at or before both rows' positions, so none of its keys is masked (nor zero-filled: those lie past
-key_len, past every row).
+The softmax's other per-score work: P's weights go to bf16 two at a time by one cvt.rn.bf16x2.f32
+(TcOptions.cvt_pack, mma.pack_f32_bf16x2: the same bits as f32_to_bf16's integer ops on each, then a pack), and
+the causal mask's compares run only in a key tile that reaches past one of the lane's two rows
+(TcOptions.mask_diagonal_only): in a long prompt every other tile is wholly at or before both rows' positions,
+so none of its keys is masked (nor zero-filled: those lie past key_len, past every row). Each TcOptions field
+can be turned off; lessons/prefill_tc_original.py is the kernel with all of them off.
 
-Error against float64 attention softmax(ln 2 * q_r . k) on the same bf16-rounded q_r = q * scale * log2(e) (the
-original: q * scale and softmax(q_r . k)), K and V: P enters the second mma rounded to bf16 (relative 2^-9) while
-l sums the float32 P, so |out - ref| <= 2^-8 sum_j p_j |v_j| / sum_j p_j plus float32 sums;
-tests/test_prefill_tc.py checks 2^-7 of it. ex2.approx adds about 2 ulp (2^-22) of relative error to each p_j,
-the same p_j in P's numerator and in l, so the output moves by at most ~2^-21 of that weighted sum: 2^13 times
-below P's bf16 rounding (and weights below 2^-126 of the row's max, flushed to 0, are as far below). Rounding
-q * scale * log2(e) instead of q * scale to bf16 is a different rounding of the same relative size: against the
-original kernel the output differs by about as much as either differs from float32 attention (~1e-2 at
-unit-variance inputs).
+Error against float64 attention softmax(ln 2 * q_r . k) on the same bf16-rounded q_r = q * scale * log2(e), K and
+V: P enters the second mma rounded to bf16 (relative 2^-9) while l sums the float32 P, so |out - ref| <= 2^-8
+sum_j p_j |v_j| / sum_j p_j plus float32 sums; tests/test_prefill_tc.py checks 2^-7 of it. ex2.approx adds about
+2 ulp (2^-22) of relative error to each p_j, the same p_j in P's numerator and in l, so the output moves by at
+most ~2^-21 of that weighted sum: 2^13 times below P's bf16 rounding (and weights below 2^-126 of the row's max,
+flushed to 0, are as far below). Rounding q * scale * log2(e) instead of q * scale to bf16 is a different rounding
+of the same relative size: against exp2=False (q * scale rounded, softmax(q_r . k)) the output differs by about as
+much as either differs from float32 attention (~1e-2 at unit-variance inputs).
 """
 from dataclasses import dataclass
 import functools
@@ -76,8 +74,7 @@ from ..mma import (cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx,
 from .paged_kv import _check_pool, _output
 from .prefill import PrefillTiles, build_prefill_tiles
 
-TC_WARPS = 8        # warps per block: 128 (query, head) rows (H200: 2.7 vs 3.4 ms at 4096 tokens with 4;
-                    # docs/bench/h200-round7-prefill-attention-variants.log)
+TC_WARPS = 8        # warps per block: 128 (query, head) rows (faster than 4 at 4096 tokens: docs/bench-h200.md)
 TC_KEY_TILE = 64    # keys per shared K/V tile
 ROW_PAD = 8         # bf16 per shared row of padding (16 bytes: ldmatrix rows in distinct banks)
 Q_SLAB = 2          # Q's first slab: stage 1's K, then V and past them if Q needs more
@@ -88,31 +85,30 @@ TC_SHARED_BYTES = 48 * 1024  # static shared memory per block
 
 @dataclass(frozen=True)
 class TcOptions:
-    """Which refinements of the kernel to compile (each its own line in the module docstring); TC_OPTIONS, read
-    at launch, is what runs; ORIGINAL_OPTIONS the first version, kept for side-by-side timing."""
+    """Which refinements of the kernel to compile (each its own paragraph in the module docstring); TC_OPTIONS, read
+    at launch, is what runs; lessons/prefill_tc_original.py turns them all off, for side-by-side timing."""
     pipelined: bool = True  # a bf16 pool's tile t + 1 copied by cp.async while tile t is computed (two stages)
     exp2: bool = True       # log2(e) folded into q's scale, the softmax's exponentials one ex2.approx each
     cvt_pack: bool = True   # P's weights rounded to bf16 and packed two at a time by one cvt.rn.bf16x2.f32
     mask_diagonal_only: bool = True  # the causal mask's compares only in key tiles that reach past a lane's row
-    max_registers: int = 0  # a cap on registers a thread (0: the compiler's choice; 157 at head_dim 64 in round 6,
-                            # 132 now (offline, sm_90), so one 8-warp block an SM: 128 would let two in, and offline
-                            # ptxas fits the loop in 128 without spilling)
+    max_registers: int = 0  # a cap on registers a thread (0: the compiler's choice, over 128 at head_dim 64, so
+                            # one 8-warp block an SM; 128 would let two in and ptxas fits the loop in 128 without
+                            # spilling, but it does not run faster: docs/bench-h200.md)
 
 
 TC_OPTIONS = TcOptions()
-ORIGINAL_OPTIONS = TcOptions(pipelined=False, exp2=False, cvt_pack=False, mask_diagonal_only=False)
 LN2 = math.log(2.0)
 
 
 @jit(device=True)
 def exp_f32(x):
-    """e^x in float32 (libdevice's expf: the original softmax's exponential)."""
+    """e^x in float32 (libdevice's expf: the softmax's exponential under exp2=False)."""
     return np.float32(math.exp(x))
 
 
 @jit(device=True)
 def pack_rounded(lo, hi):
-    """Two weights rounded to bf16 by f32_to_bf16's integer ops, then packed (the original's packing of P)."""
+    """Two weights rounded to bf16 by f32_to_bf16's integer ops, then packed (P's packing under cvt_pack=False)."""
     return pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi))
 
 
@@ -207,8 +203,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         copies (rows copy_row + i copy_rows at column copy_col; source_col: the pool row's column there), zero-filled
         past key_len (0 bytes read from the last key's row: the lookup stays inside the table, no branch), in flight
         until the caller commits and waits for them. The key's block and offset in 32-bit unsigned arithmetic (a
-        shift and a mask for a power-of-two block size), the pool index unsigned (no negative-index fix-ups): the
-        integer work had outgrown the copies (the module docstring)."""
+        shift and a mask for a power-of-two block size), the pool index unsigned (no negative-index fix-ups): integer
+        work kept to what a copy needs (the module docstring)."""
         for i in range(copy_rounds):
             row = copy_row + i * copy_rows
             if some_rows_past and row >= keys_per_tile:  # (compiled out when the rows divide evenly)

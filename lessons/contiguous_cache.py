@@ -1,28 +1,31 @@
-"""Causal grouped-query attention over a float32 KV cache, with a flash-style online softmax.
+"""Lesson: causal grouped-query attention over a contiguous float32 KV cache, the simplest form of the
+attention the engine runs. Production: kernels_numba/attention/per_query.py (the same one-thread-per-(query, head)
+walk, but through the paged pool's block tables) and the paged kernels beside it.
 
     out[t, h] = sum_{j<=p} softmax_j(scale * q[t, h] . K[s, j, g]) V[s, j, g]     s = seq_slots[t], p = positions[t],
                                                                                  g = h // (n_heads // n_kv_heads)
 
-KV cache per layer: k_cache, v_cache float32 [max_seqs, max_seq_len, n_kv_heads, head_dim]; the token at
-position p of the sequence in slot s lives at [s, p].
+What it does differently: the cache is one float32 array per layer, k_cache, v_cache [max_seqs, max_seq_len,
+n_kv_heads, head_dim], the token at position p of the sequence in slot s at [s, p]. Every sequence reserves
+max_seq_len rows whether it uses them or not, which is what the paged pool (kernels_numba/attention/paged_kv.py)
+avoids; the attention math is the same, one key's step shared: `attend_to_key`.
 Both kernels give one thread per item on the GPU and loop grid-stride, so the simulator can run a small grid.
 - `write_kv`: one thread per (token, kv head, d) copies k and v into the cache.
 - `attention`: one thread per (token, head) walks keys 0..p once, keeping a running max m, a running sum l
-  and the head_dim accumulator in a cuda.local.array. When a score raises m, l and the accumulator are
-  rescaled by exp(m_old - m_new), so exp never sees a positive argument and cannot overflow (one key's
-  step is `attend_to_key`, which the paged kernels share: the pool is indexed the same way). The same
-  kernel serves prefill (write_kv of the whole prompt, then every position as a query) and decode (one
-  query per sequence at its newest position). Grid: grid_stride_launch(T * n_heads, THREADS).
+  and the head_dim accumulator in a cuda.local.array (attend_to_key rescales l and the accumulator by
+  exp(m_old - m_new) when a score raises m, so exp never sees a positive argument). The same kernel serves
+  prefill (write_kv of the whole prompt, then every position as a query) and decode (one query per sequence
+  at its newest position). Grid: grid_stride_launch(T * n_heads, THREADS).
 """
 import math
 
 import numpy as np
 
-from ..common import cuda, jit, grid_stride_launch, launch_stream, device_empty
-from ..kv_dtype import kv_to_f32
+from kernels_numba.attention.paged_kv import MAX_HEAD_DIM
+from kernels_numba.attention.per_query import attend_to_key
+from kernels_numba.common import cuda, jit, grid_stride_launch, launch_stream, device_empty
 
 THREADS = 128
-MAX_HEAD_DIM = 256  # size of the per-thread accumulator: cuda.local.array needs a compile-time size
 
 
 @jit
@@ -36,26 +39,6 @@ def write_kv_kernel(k, v, k_cache, v_cache, seq_slots, positions):
         pos = positions[t]
         k_cache[slot, pos, kv_head, d] = k[t, kv_head, d]
         v_cache[slot, pos, kv_head, d] = v[t, kv_head, d]
-
-
-@jit(device=True)
-def attend_to_key(q_scaled, k_cache, v_cache, row, column, kv_head, head_dim, acc, running_max, running_sum):
-    """One online-softmax step: fold the key/value at cache[row, column] (a sequence slot and position here,
-    a block and offset in the paged KV pool, float32 or bf16 bits) into acc, return the new (max, sum)."""
-    score = np.float32(0.0)
-    for d in range(head_dim):
-        score += q_scaled[d] * kv_to_f32(k_cache[row, column, kv_head, d])
-    if score > running_max:
-        correction = np.float32(math.exp(running_max - score))  # exp(-inf) = 0 on the first key
-        running_sum *= correction
-        for d in range(head_dim):
-            acc[d] *= correction
-        running_max = score
-    weight = np.float32(math.exp(score - running_max))
-    running_sum += weight
-    for d in range(head_dim):
-        acc[d] += weight * kv_to_f32(v_cache[row, column, kv_head, d])
-    return running_max, running_sum
 
 
 @jit

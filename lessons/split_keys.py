@@ -1,5 +1,8 @@
-"""Paged decode attention, one block per (query, head) splitting the keys (and, for small batches, a block
-per key partition too, merged by a second launch). The math and the pool layout: paged_kv.
+"""Lesson: paged decode attention with a block per (query, head) splitting the keys, and for small batches a block
+per key partition too, merged by a second launch (flash-decoding). Production: kernels_numba/attention/decode_gqa.py
+(`paged_attention_flash_decode` and `paged_attention_decode_gqa`), which do the same online softmax with a block
+per (query, KV head): each K/V row is read once for the whole group of query heads instead of once per query head,
+and flash_decode merges its partitions in the same launch. The math and the pool layout: paged_kv.
 
 - `paged_attention_split_keys`: the same varlen contract as per_query, but one BLOCK per (query, head)
   (grid (T, n_heads), SPLIT_THREADS threads) instead of one thread, walking the context SPLIT_KEY_CHUNK keys
@@ -10,27 +13,27 @@ per key partition too, merged by a second launch). The math and the pool layout:
   (a warp reads consecutive floats of one V row) and across key slices add weights @ V to accumulators
   rescaled by the same factor. At the end the slices' accumulators are summed through shared memory and
   divided by l. Per_query leaves a decode step with T * n_heads busy threads (32 at batch 1 on Llama-3.2-1B),
-  each walking the whole context serially; here T * n_heads blocks share the work. The runner's decode kernel
-  for small GPU batches until flash_decode. With fewer than SPLIT_PARTITION_BELOW_BLOCKS (query, head) pairs it
-  also splits each pair's keys into partitions of PARTITION_KEYS, a block each (grid z; flash-decoding): each
-  block writes its unnormalised (m, l, acc) and `combine_partitions_kernel` merges them, rescaling each
-  partition by exp(m_p - M). A partition past the context has m = -inf, l = 0 and weighs nothing.
+  each walking the whole context serially; here T * n_heads blocks share the work. With fewer than
+  SPLIT_PARTITION_BELOW_BLOCKS (query, head) pairs it also splits each pair's keys into partitions of
+  PARTITION_KEYS, a block each (grid z): each block writes its unnormalised (m, l, acc) and
+  `combine_partitions_kernel` merges them, rescaling each partition by exp(m_p - M). A partition past the
+  context has m = -inf, l = 0 and weighs nothing. Measured against decode_gqa: docs/bench-h200.md.
 """
 import functools
 import math
 
 import numpy as np
 
-from ..common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
-from ..kv_dtype import kv_to_f32
-from .paged_kv import THREADS, _check_pool, _check_queries, _output, _pool_rows
+from kernels_numba.attention.paged_kv import THREADS, _check_pool, _check_queries, _output, _pool_rows
+from kernels_numba.common import SIMULATOR, cuda, jit, cdiv, grid_stride_launch, launch_stream, device_empty
+from kernels_numba.kv_dtype import kv_to_f32
 
 SPLIT_THREADS = 4 if SIMULATOR else 128  # threads sharing one (query, head); each syncthreads costs
 #                                          milliseconds in the simulator
 SPLIT_KEY_CHUNK = 8 if SIMULATOR else 256  # keys whose weights sit in shared memory at once (the simulator's
 #                                            few-dozen-key tests cross several chunks)
 # split_keys partitions the keys of each (query, head) over several blocks while there are fewer than
-# SPLIT_PARTITION_BELOW_BLOCKS (query, head) pairs (2 blocks per SM of an H200: decode batches up to 8 on
+# SPLIT_PARTITION_BELOW_BLOCKS (query, head) pairs (2 blocks per SM of a 132-SM GPU: decode batches up to 8 on
 # Llama-3.2-1B); PARTITION_KEYS keys each (the simulator's 33-key tests cross 3 partitions).
 SPLIT_PARTITION_BELOW_BLOCKS = 2 * 132
 PARTITION_KEYS = 16 if SIMULATOR else 64
@@ -134,7 +137,7 @@ def paged_attention_split_keys_kernel(head_dim: int, block_size: int, threads: i
                 acc[i] *= rescale
             if key_slice < slices:
                 # Four keys at a time: their V loads are all issued before the first multiply-add, so a
-                # thread waits for memory once per four keys instead of once per key (the loop was latency
+                # thread waits for memory once per four keys instead of once per key (the loop is latency
                 # bound: a batch-1 decode's 32 blocks have little else to hide it). Same adds, same order.
                 j = key_slice
                 while j + 3 * slices < n_keys:
@@ -209,8 +212,8 @@ def combine_partitions_kernel(part_max, part_sum, part_acc, out):
 
 def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
     """Same contract as paged_attention_per_query (query t of sequence query_seq[t] attends to keys
-    0..query_pos[t]), but one block of SPLIT_THREADS threads per (query, head) splits the keys: the decode
-    kernel for GPUs, where per_query leaves most of the chip idle."""
+    0..query_pos[t]), but one block of SPLIT_THREADS threads per (query, head) splits the keys: on a GPU,
+    per_query leaves most of the chip idle."""
     num_queries, n_heads, _ = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
     _check_queries(num_queries, query_seq, query_pos)
@@ -242,7 +245,7 @@ def paged_attention_split_keys(q, k_pool, v_pool, block_tables, query_seq, query
 def split_partitions(num_queries: int, n_heads: int, max_context: int) -> int:
     """How many key partitions split_keys cuts each (query, head) into: one when the (query, head) blocks
     alone reach SPLIT_PARTITION_BELOW_BLOCKS; else enough partitions of PARTITION_KEYS to cover max_context
-    (flash-decoding: a batch-1 decode's 32 blocks would leave 100 of the H200's SMs idle, and each block
+    (flash-decoding: a batch-1 decode's 32 blocks would leave most of a 132-SM GPU idle, and each block
     would walk the whole context alone)."""
     if num_queries * n_heads >= SPLIT_PARTITION_BELOW_BLOCKS:
         return 1

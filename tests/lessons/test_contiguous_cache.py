@@ -1,7 +1,9 @@
+"""lessons/contiguous_cache.py: write_kv and attention over a contiguous cache against their numpy twins, poisoned
+entries that nobody should read included."""
 import numpy as np
 import pytest
 
-from kernels_numba.attention import attention, attention_ref, write_kv, write_kv_ref
+from lessons.contiguous_cache import attention, attention_ref, write_kv, write_kv_ref
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
 
