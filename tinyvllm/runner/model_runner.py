@@ -140,19 +140,16 @@ class ModelRunner:
         self.plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
 
     # ---- one scheduled step: inputs, forward pass (eager or a graph replay), sampler ---------------------------
-    def execute(self, schedule: SchedulerOutput, graphs: bool = True) -> StepResult | None:
-        """execute_stages without looking at the stages, launches left asynchronous."""
-        return drain(self.execute_stages(schedule, synchronize=False, graphs=graphs))
-
     def execute_stages(self, schedule: SchedulerOutput, all_logits: bool = False, synchronize: bool = True,
                        graphs: bool = False) -> Iterator[Stage]:
         """Run one scheduled step: build its inputs, run the forward pass, sample a token for each sequence that
-        samples. A generator of the stages it runs eagerly (forward_stages: `all_logits`, `synchronize`); with
-        `graphs` the step replays its captured graph instead (decode-only steps: decode_graphs; the others:
-        prefill_graphs), yielding no stage; `all_logits` runs it eagerly. Returns the StepResult of the step
-        whose tokens are now known: this one's; or, when this step stays in flight (pipeline_decode: an
-        all-greedy decode step replayed from its graph), the one in flight before it, None when there was none.
-        Only such a step of the same sequences follows a step in flight: before any other, `settle` it."""
+        samples; a generator of the stages it runs (forward_stages says what `all_logits` and `synchronize` do).
+
+        With `graphs` (and not `all_logits`), a step that a captured graph can run replays it instead, yielding no
+        stage: decode-only steps from decode_graphs, the others up to final_norm from prefill_graphs. An all-greedy
+        decode step replayed with pipeline_decode stays in flight: it returns the StepResult of the step in flight
+        before it (None when there was none), its own tokens come with the next such step or `settle`. Any other
+        step returns its own StepResult; a step in flight is settled before it."""
         batch, plan = build_inputs(schedule, self.kv_pool.block_size)
         self.last_batch = batch
         graphs = graphs and not all_logits  # a replay computes only the sampled rows' logits
