@@ -7,10 +7,10 @@ warm-up (kernels compile), then once timed with each phase's time measured by wr
     tokenize      prepare_task (every prompt) + continuation_ids (prompt + each answer letter)
     submit        engine.add_request: Sequence, prompt checks, scheduler.add
     schedule      Scheduler.schedule: admission, prefix-cache lookup (block hashes), block allocation
-    build batch   LLMEngine._build_batch: token ids, positions, slot mapping, block tables, logits plan
+    build batch   runner.inputs.build_inputs: token ids, positions, slot mapping, block tables, logits plan
     upload        ModelRunner.upload: one host-to-device copy, prefill attention tiles (host numpy)
     forward       the forward pass's kernels, embedding to LM head (synchronized at its end: GPU time)
-    sampler       LogitsPlan.sampler_logits + LLMEngine._sample (argmax, the tokens' copy to the host)
+    sampler       LogitsPlan.sampler_logits + sampler.next_tokens (argmax, the tokens' copy to the host)
     logprobs      record_logprobs: log-sum-exp, gather of the answer letters' logprobs, copy, dicts
     update        Scheduler.update: advance sequences, commit full blocks (hashes)
     finish        _check_stop + _output + release_request: stop rules, RequestOutputs, table clean-up
@@ -124,6 +124,7 @@ def install_timers(timer: PhaseTimer) -> None:
     from tinyvllm.engine import engine as engine_module
     from tinyvllm.evaluation import backends, runner
     from tinyvllm.runner.logprobs import LogitsPlan
+    from tinyvllm.runner import model_runner, sampler
     from tinyvllm.runner.model_runner import ModelRunner
     from tinyvllm.engine.scheduler import Scheduler
     LLMEngine = engine_module.LLMEngine
@@ -133,12 +134,12 @@ def install_timers(timer: PhaseTimer) -> None:
     timer.wrap(LLMEngine, "add_request", "submit")
     timer.wrap(LLMEngine, "step", "step other")
     timer.wrap(Scheduler, "schedule", "schedule")
-    timer.wrap(LLMEngine, "_build_batch", "build batch")
+    timer.wrap(model_runner, "build_inputs", "build batch")
     timer.wrap(ModelRunner, "upload", "upload")
     timer.wrap_generator(ModelRunner, "forward_stages", "forward", sync=True)
     timer.wrap(LogitsPlan, "sampler_logits", "sampler")
-    timer.wrap(LLMEngine, "_sample", "sampler")
-    timer.wrap(engine_module, "record_logprobs", "logprobs", sync=True)
+    timer.wrap(sampler, "next_tokens", "sampler")
+    timer.wrap(sampler, "record_logprobs", "logprobs", sync=True)
     timer.wrap(Scheduler, "update", "update")
     for name in ("_check_stop", "_output", "release_request"):
         timer.wrap(LLMEngine, name, "finish")
@@ -148,8 +149,9 @@ def stub_kernels(vocab_size: int) -> None:
     """Replace the forward pass and the sampling / logprob kernels with numpy on random logits (host-side
     profiling in the simulator, where the kernels would take all the time)."""
     from kernels_numba.common import cuda
-    from tinyvllm.engine import engine as engine_module
     from tinyvllm.runner import logprobs as logprobs_module
+    from tinyvllm.runner import model_runner as model_runner_module
+    from tinyvllm.runner import sampler as sampler_module
     from tinyvllm.runner.model_runner import ModelRunner
     rng = np.random.default_rng(0)
 
@@ -178,7 +180,7 @@ def stub_kernels(vocab_size: int) -> None:
         return cuda.to_device(host(logits)[r, t] - host(lse)[r])
 
     ModelRunner.forward_stages = forward_stages
-    for module in (engine_module, logprobs_module):
+    for module in (model_runner_module, sampler_module, logprobs_module):
         for name, fn in (("take_rows", take_rows), ("argmax", argmax), ("logsumexp", logsumexp),
                          ("gather_logprobs", gather_logprobs)):
             if hasattr(module, name):

@@ -10,6 +10,7 @@ from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.model.loader import load_model
 from tinyvllm.engine.sampling_params import InvalidSamplingParams, SamplingParams
+from tinyvllm.runner.inputs import build_inputs
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 PROMPTS = ["The sun rose", "A small dog ran along the river", "Water", "The old library had"]
@@ -158,7 +159,7 @@ def test_requests_and_sequences_count_their_ids_apart(model):
 
 
 def test_batch_layout_is_each_chunk_at_its_positions_and_slots(model):
-    """_build_batch lays out every scheduled chunk (prefill chunks, prefix-cache hits, decodes, mixed) as the
+    """build_inputs lays out every scheduled chunk (prefill chunks, prefix-cache hits, decodes, mixed) as the
     per-sequence definition says: its tokens, positions start..end-1, its row, slot = table[p // bs] * bs +
     p % bs (BlockManager.slots); driven without kernels, the scheduler fed made-up tokens."""
     e = engine(model, max_num_batched_tokens=13, max_num_seqs=3, num_blocks=40)
@@ -173,7 +174,7 @@ def test_batch_layout_is_each_chunk_at_its_positions_and_slots(model):
         schedule = e.scheduler.schedule()
         if schedule.is_empty:
             break
-        batch, plan = e._build_batch(schedule)
+        batch, plan = build_inputs(schedule, e.block_manager.block_size)
         tokens, positions, rows, slots = [], [], [], []
         for row, s in enumerate(schedule.scheduled):
             tokens += s.token_ids

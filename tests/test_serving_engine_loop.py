@@ -40,7 +40,8 @@ def fake_math(engine: LLMEngine, step_seconds: float = 0.0) -> LLMEngine:
         yield  # a generator, like the real one
 
     engine.runner.forward_stages = forward_stages
-    engine._sample = lambda logits, seqs, greedy_ids=None: [FAKE_TOKEN] * len(seqs)
+    engine.runner.sample = lambda logits, plan, schedule, greedy_ids=None: {
+        seq.seq_id: FAKE_TOKEN for seq in schedule.sampling_seqs}
     return engine
 
 

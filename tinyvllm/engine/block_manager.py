@@ -81,7 +81,7 @@ class BlockManager:
         return self.slots(seq, position, position + 1)[0]
 
     def slots(self, seq: Sequence, start: int, end: int) -> list[int]:
-        """slot(seq, p) for p in start..end-1 (the definition LLMEngine._build_batch's numpy layout of a whole step
+        """slot(seq, p) for p in start..end-1 (the definition runner/inputs.build_inputs's numpy layout of a whole step
         follows; tests/test_engine.py checks one against the other)."""
         table, bs = seq.block_table, self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, end)]

@@ -8,9 +8,10 @@ preempted, waiting sequences are admitted in order while seats and budget remain
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tinyvllm.engine.block_manager import BlockManager
+from tinyvllm.engine.scheduler_output import ScheduledSeq, SchedulerOutput
 from tinyvllm.engine.sequence import Sequence, SequenceStatus
 
 
@@ -25,43 +26,6 @@ class SchedulerConfig:
     def __post_init__(self):
         assert self.max_num_seqs > 0 and self.max_num_batched_tokens > 0
         assert self.batching in ("continuous", "static"), self.batching
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int                          # computed this step, from position `start`
-    start: int = field(init=False)
-    num_known_tokens: int = field(init=False)    # seq.num_tokens when scheduled
-
-    def __post_init__(self):
-        self.start = self.seq.num_computed_tokens
-        self.num_known_tokens = self.seq.num_tokens
-        assert 0 < self.num_new_tokens and self.end <= self.num_known_tokens
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_new_tokens
-
-    @property
-    def samples(self) -> bool:
-        """This step reaches the end of the known tokens, so the engine samples the next one."""
-        return self.end == self.num_known_tokens
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.start:self.end]
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq]
-    preempted: list[Sequence]
-    num_batched_tokens: int
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class Scheduler:
@@ -192,3 +156,10 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         self.block_manager.free(seq)
+
+    def fill_placeholders(self, output: SchedulerOutput, sampled: dict[int, int], placeholder: int) -> None:
+        """Write each sequence's sampled token over the `placeholder` an earlier `update` appended for it: a
+        pipelined decode step is scheduled before the tokens of the step in flight are read."""
+        for s in output.scheduled:
+            assert s.seq.token_ids[-1] == placeholder, s.seq.seq_id
+            s.seq.token_ids[-1] = sampled[s.seq.seq_id]

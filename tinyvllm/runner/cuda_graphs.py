@@ -14,9 +14,9 @@ This module replays decode-only steps; prefill_graphs.py the others (token bucke
 Pipelining (`launch`): at batch 1 the GPU runs a decode step in ~1.7 ms and the host spends ~0.5 ms between
 steps (reading the token back, stop rules, scheduling, packing the next inputs); waiting for each other, the
 two add up. For an all-greedy step the next step's inputs do not depend on the token's value, only on where
-it goes: the engine launches step n + 1 before it reads step n's tokens, with token id FED_BACK in every row,
-and the graph's embedding takes those rows' ids from this bucket's argmax buffer, which step n wrote (same
-bucket, same rows, same order: the engine checks). The host copies are stream-ordered and asynchronous, from
+it goes: the runner launches step n + 1 before it reads step n's tokens (runner/step.py), with token id
+FED_BACK in every row, and the graph's embedding takes those rows' ids from this bucket's argmax buffer, which
+step n wrote (same bucket, same rows, same order: LLMEngine._can_follow checks). The host copies are stream-ordered and asynchronous, from
 two pinned buffers used in turn, so step n + 1's inputs never overwrite step n's while it runs.
 
 In the simulator there are no graphs: a "replay" runs the same recorded forward again with the same
@@ -34,6 +34,13 @@ from kernels_numba.sampling import argmax
 from tinyvllm.runner.model_runner import DeviceBatch, ForwardBatch, ModelRunner, pack_int32, unpack
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def graphs_enabled(cuda_graphs: bool | None, prefill_graphs: bool | None) -> tuple[bool, bool]:
+    """Whether decode steps and steps with prefill chunks replay CUDA graphs: as set, or (None) on a GPU only
+    for decode steps; prefill graphs as decode graphs unless set."""
+    decode = (not SIMULATOR) if cuda_graphs is None else cuda_graphs
+    return decode, decode if prefill_graphs is None else prefill_graphs
 
 
 def buckets_up_to(limit: int, sizes: tuple[int, ...] = BUCKETS) -> tuple[int, ...]:

@@ -18,13 +18,13 @@ from kernels_numba.common import cuda
 from kernels_numba.embedding import take_rows
 from kernels_numba.logprobs import gather_logprobs, logsumexp
 
-TokenLogprobs = dict[int, float]  # the token's own logprob first, then the top-n, then any requested ids
+from tinyvllm.engine.outputs import TokenLogprobs
 
 
 @dataclass
 class PromptTarget:
     row: int          # logits row
-    request: object   # the engine's _Request
+    request: object   # the engine's Request (tinyvllm/engine/request.py)
     position: int     # the prompt position whose token this row predicts
 
 

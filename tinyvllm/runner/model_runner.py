@@ -26,8 +26,8 @@ and prefill attention; tinyvllm/runner/kernel_plan.py's table says which kernel 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
@@ -43,47 +43,19 @@ from kernels_numba.rope import rope_qkv
 
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.device_weights import DeviceWeights
+from tinyvllm.engine.scheduler_output import SchedulerOutput
+from tinyvllm.runner.inputs import ForwardBatch, build_inputs
 from tinyvllm.runner.kernel_plan import KernelPlan
 from tinyvllm.runner.kv_pool import KVPool
+from tinyvllm.runner.logprobs import LogitsPlan
+from tinyvllm.runner.sampler import always_argmax, sample_step
+from tinyvllm.runner.step import InFlight, StepResult
+
+if TYPE_CHECKING:  # they build on ModelRunner
+    from tinyvllm.runner.cuda_graphs import DecodeGraphs
+    from tinyvllm.runner.prefill_graphs import PrefillGraphs
 
 FUSED = "computed by"  # what a stage's kernel says when an earlier stage's fused kernel produced its output
-
-
-@dataclass
-class ForwardBatch:
-    """What one forward step processes, built by the engine from the scheduler's decision.
-
-    T tokens flattened across B sequences (decode tokens and prefill chunks mixed); K/V go to the paged
-    pool through `slot_mapping`, attention reads them back through `block_tables`.
-    """
-    token_ids: np.ndarray     # int32 [T]
-    positions: np.ndarray     # int32 [T], each token's position in its sequence
-    query_seq: np.ndarray     # int32 [T], each token's sequence: a row of block_tables
-    slot_mapping: np.ndarray  # int32 [T], where each token's K/V go in the pool
-    block_tables: np.ndarray  # int32 [B, max_blocks], -1 padded
-    logits_rows: np.ndarray   # int32 [R], which of the T tokens get logits (each sampling sequence's last)
-
-    def __post_init__(self):
-        for name in ("token_ids", "positions", "query_seq", "slot_mapping", "block_tables", "logits_rows"):
-            setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.int32))
-        n = len(self.token_ids)
-        assert n > 0 and self.positions.shape == self.query_seq.shape == self.slot_mapping.shape == (n,)
-        assert self.block_tables.ndim == 2 and 0 <= self.query_seq.min() and self.query_seq.max() < len(self.block_tables)
-        assert len(self.logits_rows) == 0 or (self.logits_rows.min() >= 0 and self.logits_rows.max() < n)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def samples_every_token(self) -> bool:
-        """Every token gets logits (a decode-only step where every sequence samples)."""
-        return np.array_equal(self.logits_rows, np.arange(self.num_tokens))
-
-    @property
-    def is_decode_only(self) -> bool:
-        """One token per sequence (so attention needs no query tiles)."""
-        return len(np.unique(self.query_seq)) == self.num_tokens
 
 
 @dataclass
@@ -153,6 +125,13 @@ class ModelRunner:
     inv_freq: np.ndarray  # float32 [head_dim / 2], from kernels_numba.rope.rope_inv_freq
     fuse_norms: bool | None = None  # the fused-GEMV layer: None = where gemv_coalesced serves (fuses_norms)
     precision: str = "fp32"         # "fp32" or "fast" (kernel_plan.resolve_precision)
+    # How execute_stages runs a step (the engine sets them): decode-only steps replayed from CUDA graphs, the others
+    # up to final_norm; None: eagerly. pipeline_decode: an all-greedy decode step stays in flight (step.InFlight).
+    decode_graphs: DecodeGraphs | None = field(default=None, repr=False)
+    prefill_graphs: PrefillGraphs | None = field(default=None, repr=False)
+    pipeline_decode: bool = False
+    last_batch: ForwardBatch | None = field(default=None, init=False, repr=False)  # the latest step's inputs
+    _in_flight: InFlight | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.inv_freq = cuda.to_device(self.inv_freq)
@@ -160,6 +139,63 @@ class ModelRunner:
         c = self.config
         self.plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
 
+    # ---- one scheduled step: inputs, forward pass (eager or a graph replay), sampler ---------------------------
+    def execute_stages(self, schedule: SchedulerOutput, all_logits: bool = False, synchronize: bool = True,
+                       graphs: bool = False) -> Iterator[Stage]:
+        """Run one scheduled step: build its inputs, run the forward pass, sample a token for each sequence that
+        samples; a generator of the stages it runs (forward_stages says what `all_logits` and `synchronize` do).
+
+        With `graphs` (and not `all_logits`), a step that a captured graph can run replays it instead, yielding no
+        stage: decode-only steps from decode_graphs, the others up to final_norm from prefill_graphs. An all-greedy
+        decode step replayed with pipeline_decode stays in flight: it returns the StepResult of the step in flight
+        before it (None when there was none), its own tokens come with the next such step or `settle`. Any other
+        step returns its own StepResult; a step in flight is settled before it."""
+        batch, plan = build_inputs(schedule, self.kv_pool.block_size)
+        self.last_batch = batch
+        graphs = graphs and not all_logits  # a replay computes only the sampled rows' logits
+        decode_graph = graphs and self.decode_graphs is not None and self.decode_graphs.can_run(batch)
+        if decode_graph and self.pipeline_decode and always_argmax(schedule):
+            earlier, self._in_flight = self._in_flight, InFlight(schedule, self.decode_graphs.launch(batch))
+            return None if earlier is None else earlier.result()
+        assert self._in_flight is None, "a step in flight is followed only by a pipelined decode step"
+        greedy_ids = None  # each row's argmax, when the step computed it already (a decode graph)
+        if decode_graph:
+            logits, greedy_ids = self.decode_graphs.run(batch)
+        elif graphs and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            logits = self.prefill_graphs.run(batch)
+        else:
+            logits = yield from self.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
+        if all_logits:  # the sampler and logprobs read the logits rows only
+            logits = take_rows(logits, cuda.to_device(batch.logits_rows))
+        return StepResult(schedule, self.sample(logits, plan, schedule, greedy_ids))
+
+    def sample(self, logits, plan: LogitsPlan, schedule: SchedulerOutput, greedy_ids=None) -> dict[int, int]:
+        """seq_id -> new token of each sequence that samples (sampler.sample_step)."""
+        return sample_step(logits, plan, schedule, greedy_ids)
+
+    @property
+    def in_flight(self) -> SchedulerOutput | None:
+        """The schedule of the decode step launched and not read yet (see execute_stages), or None."""
+        return None if self._in_flight is None else self._in_flight.schedule
+
+    def settle(self) -> StepResult:
+        """Wait for the step in flight and return its tokens; nothing is in flight afterwards."""
+        in_flight, self._in_flight = self._in_flight, None
+        return in_flight.result()
+
+    def capture_graphs(self, log=None) -> None:
+        """Capture every decode and prefill CUDA-graph bucket now (as vLLM does at start), not on first use."""
+        log = log or (lambda message: None)
+        for name, graphs in (("decode", self.decode_graphs), ("prefill", self.prefill_graphs)):
+            if graphs is not None:
+                start = time.perf_counter()
+                graphs.capture_all()
+                what = ("sequences" if name == "decode"
+                        else f"tokens (activations {graphs.storage.bytes / 2**20:.0f} MiB)")
+                log(f"captured {name} CUDA graphs for {graphs.captured_buckets} {what} in "
+                    f"{time.perf_counter() - start:.1f} s")
+
+    # ---- the forward pass ------------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch):
         """Run the whole forward pass; return the logits device array [len(logits_rows), vocab]."""
         return drain(self.forward_stages(batch, synchronize=False))
