@@ -8,7 +8,7 @@ import sys
 import traceback
 
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.model.config import add_precision_arguments
+from tinyvllm.runner.choices import add_precision_arguments
 from tinyvllm.cli.prompts_file import FORMATS, PromptSpec, read_prompt_specs
 
 # The sampling flags' defaults: greedy. --use-generation-config lets the model's settings fill the flags

@@ -28,9 +28,9 @@ from kernels_numba.sampling import argmax, sample, suppress_tokens
 from tinyvllm.engine.block_manager import BlockManager
 from tinyvllm.runner.cuda_graphs import DecodeGraphs, PendingTokens
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.model.config import KV_CACHE_DTYPE_CHOICES, PRECISIONS
+from tinyvllm.runner.choices import check_kv_cache_dtype, check_precision
 from tinyvllm.runner.kernel_plan import resolve_precision
-from tinyvllm.runner.kv_pool import KV_CACHE_DTYPES, KVPool, default_num_blocks, resolve_kv_cache_dtype
+from tinyvllm.runner.kv_pool import KVPool, default_num_blocks, resolve_kv_cache_dtype
 from tinyvllm.runner.logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from tinyvllm.engine.metrics import MetricsCollector, RequestMetrics
 from tinyvllm.log import log_to_stderr
@@ -81,9 +81,8 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
-        check(self.kv_cache_dtype in KV_CACHE_DTYPE_CHOICES,
-              f"kv_cache_dtype must be auto or one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        check(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
+        check_precision(self.precision)
 
 
 @dataclass

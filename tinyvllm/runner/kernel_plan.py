@@ -65,8 +65,8 @@ from kernels_numba.common import SIMULATOR, device_empty
 from kernels_numba.epilogues import SwiGLUEpilogue
 from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc, gemm_tc_fused
 
-from tinyvllm.model.config import PRECISIONS
 from tinyvllm.errors import TinyVLLMError
+from tinyvllm.runner.choices import check_precision
 
 # The simulator's gemm_tc tile: one warp of 16 x 32 (a simulated lane is a Python thread; on the demo model's
 # layer 1.8 s against 4.1 s for gemm_tc's test tile TileShape(32, 32, 32, 1, 2)).
@@ -77,9 +77,7 @@ SIMULATOR_ATTENTION_KEYS = 16  # prefill_tc's key tile in the simulator (16 keys
 def resolve_precision(requested: str, weight_dtype) -> str:
     """"fp32" or "fast" for a requested precision and the model's device weight dtype; a one-line error for a
     precision that cannot run."""
-    if requested not in PRECISIONS:
-        raise TinyVLLMError(f"invalid engine setting: precision must be one of {', '.join(PRECISIONS)}, got "
-                            f"{requested!r}")
+    check_precision(requested)
     bf16_weights = np.dtype(weight_dtype) == np.uint16
     if requested == "auto":
         return "fast" if bf16_weights and not SIMULATOR else "fp32"
