@@ -35,7 +35,8 @@ from tinyvllm.runner.logprobs import LogitsPlan, TokenLogprobs, record_logprobs
 from tinyvllm.engine.metrics import MetricsCollector, RequestMetrics
 from tinyvllm.log import log_to_stderr
 from tinyvllm.model.loader import LoadedModel, load_model
-from tinyvllm.runner.model_runner import ForwardBatch, ModelRunner, Stage, drain
+from tinyvllm.runner.model_runner import ForwardBatch, ModelRunner
+from tinyvllm.runner.stages import Stage, drain
 from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token
 from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput

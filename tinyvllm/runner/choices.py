@@ -1,9 +1,9 @@
 """The device-side settings a user picks by name, each name list defined once: the precision (--precision,
 EngineConfig.precision) and the KV cache's element type (--kv-cache-dtype, EngineConfig.kv_cache_dtype).
 
-Free of kernel imports, so the CLI builds its parser without loading numba. kernel_plan.resolve_precision turns a
-precision into what runs, kv_pool.resolve_kv_cache_dtype does the same for the KV cache (kernels_numba.kv_dtype's
-KV_DTYPES: how the pool stores each name).
+Free of kernel imports: whatever names them (the CLI's flags, BenchConfig) loads no numba for it.
+kernel_plan.resolve_precision turns a precision into what runs, kv_pool.resolve_kv_cache_dtype does the same for
+the KV cache (kernels_numba.kv_dtype's KV_DTYPES: how the pool stores each name).
 """
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ from kernels_numba.common import SharedStorage, LayerArena, cuda
 
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.runner.cuda_graphs import BucketGraphs, CapturedStep, buckets_up_to
-from tinyvllm.runner.model_runner import DeviceBatch, ForwardBatch, ModelRunner, drain, pack_int32, unpack
+from tinyvllm.runner.model_runner import DeviceBatch, ForwardBatch, ModelRunner, pack_int32, unpack
+from tinyvllm.runner.stages import drain
 
 # In fp32 a GPU step of up to 32 tokens (MAX_COALESCED_TOKENS) runs the fused-GEMV layer, beyond it gemm_blocked: the
 # buckets 16 and 32 keep short prompts on the kernels their eager step runs (the same results), 64 and up the others.
