@@ -83,16 +83,20 @@ class ForwardPass:
         c = self.config
         return c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size
 
-    def logits_kernel(self, rows: int) -> Kernel:
-        """The LM head over rows final normed hidden states."""
-        return self.plan.projection(rows, self.config.hidden_size)
-
     def logits(self, x, rows=None):
         """The LM head over the final normed hidden states x [T, hidden]: of rows `rows` (device int32), or of every
         row."""
-        if rows is not None:
-            x = take_rows(x, rows)
-        return self.logits_kernel(x.shape[0])(x, self.weights.lm_head)
+        return self._logits_step(x, rows).launch()
+
+    def logits_stage(self, x, rows=None, synchronize: bool = True) -> Iterator[Stage]:
+        """The `logits` stage: the LM head as `logits` computes it; returns the logits."""
+        step = self._logits_step(x, rows)
+        logits = yield from run_stage("logits", step.kernel, step.launch, synchronize=synchronize)
+        return logits
+
+    def _logits_step(self, x, rows) -> Step:
+        head = self.plan.projection(x.shape[0] if rows is None else rows.shape[0], self.config.hidden_size)
+        return Step(head.name, lambda: head(x if rows is None else take_rows(x, rows), self.weights.lm_head))
 
     def hidden_stages(self, batch: DeviceBatch, fused_gemv: bool, synchronize: bool = True) -> Iterator[Stage]:
         """The stages from embedding to final_norm, each layer's from `fused_gemv`'s kind; returns final_norm's

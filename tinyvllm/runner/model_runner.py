@@ -21,7 +21,7 @@ from tinyvllm.model.device_weights import DeviceWeights
 from tinyvllm.runner.forward import ForwardPass
 from tinyvllm.runner.kernel_plan import KernelPlan
 from tinyvllm.runner.kv_pool import KVPool
-from tinyvllm.runner.stages import Stage, drain, run_stage
+from tinyvllm.runner.stages import Stage, drain
 
 
 @dataclass
@@ -157,9 +157,7 @@ class ModelRunner:
         x = yield from self.device_hidden_stages(batch, synchronize)
         if not logits:
             return None
-        rows = batch.num_tokens if batch.logits_rows is None else batch.logits_rows.shape[0]
-        out = yield from run_stage("logits", self.forward_pass.logits_kernel(rows).name,
-                                   lambda: self.logits(x, batch.logits_rows), synchronize=synchronize)
+        out = yield from self.forward_pass.logits_stage(x, batch.logits_rows, synchronize)
         return out
 
     def logits(self, x, rows=None):
