@@ -114,8 +114,13 @@ class ModelRunner:
     def __post_init__(self):
         self.inv_freq = cuda.to_device(self.inv_freq)
         c = self.config
-        self.plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
-        self.forward_pass = ForwardPass(c, self.weights, self.kv_pool, self.inv_freq, self.plan)
+        plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
+        self.forward_pass = ForwardPass(c, self.weights, self.kv_pool, self.inv_freq, plan)
+
+    @property
+    def plan(self) -> KernelPlan:
+        """Which kernel runs each stage (the forward pass's)."""
+        return self.forward_pass.plan
 
     def forward(self, batch: ForwardBatch):
         """Run the whole forward pass; return the logits device array [len(logits_rows), vocab]."""
