@@ -32,10 +32,11 @@ Four kernels, one job each:
   consecutive words. Grid: (cdiv(N, 64), cdiv(T, 64), splits) blocks, features along x; when the output
   tiles alone are too few to fill the GPU, K is cut into `splits` slices whose partial products
   `sum_splits_kernel` adds in a fixed order (split-K; the result does not depend on timing).
-`linear` picks between them (`linear_kernel_name` says which).
+`linear` picks between them (`linear_kernel` says which).
 """
 import functools
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -612,39 +613,41 @@ def gemm_blocked(x, w_bits, out=None, splits=None, thread_tokens=THREAD_TOKENS, 
     return out
 
 
-def linear_kernel_name(num_tokens: int, in_features: int) -> str:
-    """Which kernel `linear` runs for this shape (the debugger and the stepping API show it).
+def linear_kernel(num_tokens: int, in_features: int, simulator: bool | None = None) -> tuple[str, Callable]:
+    """Which kernel y = x @ W.T takes for this shape: its name and its launcher (x, w_bits, out=None) -> out.
 
     On a GPU: gemv_coalesced up to MAX_COALESCED_TOKENS tokens (gemv if in_features is odd), gemm_blocked
     beyond (`gemm` stays callable: the readable version of the same tiling).
-    In the simulator every syncthreads costs milliseconds per block, so there the syncthreads-free gemv
-    does everything: decode batches directly, prefill in chunks of MAX_GEMV_TOKENS tokens (same result up
-    to float32 summation order).
+    In the simulator (`simulator`, default SIMULATOR) every syncthreads costs milliseconds per block, so there the
+    syncthreads-free gemv does everything: decode batches directly, prefill in chunks of MAX_GEMV_TOKENS tokens
+    (same result up to float32 summation order).
     """
-    if SIMULATOR:
-        return "gemv"
+    if SIMULATOR if simulator is None else simulator:
+        return "gemv", _gemv_in_chunks
     if num_tokens <= MAX_GEMV_TOKENS and in_features % 2:
-        return "gemv"
+        return "gemv", gemv
     if num_tokens <= MAX_COALESCED_TOKENS and in_features % 2 == 0:
-        return "gemv_coalesced"
-    return "gemm_blocked"
+        return "gemv_coalesced", gemv_coalesced
+    return "gemm_blocked", gemm_blocked
 
 
-def linear(x, w_bits, out=None):
-    """y = x @ W.T with the kernel `linear_kernel_name` picks for the shape."""
+def _gemv_in_chunks(x, w_bits, out=None):
+    """gemv over any number of tokens, MAX_GEMV_TOKENS at a time (the simulator's prefill)."""
     out = _check_shapes(x, w_bits, out)
     num_tokens = x.shape[0]
-    kernel = linear_kernel_name(num_tokens, x.shape[1])
-    if kernel == "gemv_coalesced":
-        return gemv_coalesced(x, w_bits, out)
-    if kernel == "gemm_blocked":
-        return gemm_blocked(x, w_bits, out)
     if num_tokens <= MAX_GEMV_TOKENS:
         return gemv(x, w_bits, out)
-    for start in range(0, num_tokens, MAX_GEMV_TOKENS):  # the simulator's prefill
+    for start in range(0, num_tokens, MAX_GEMV_TOKENS):
         stop = min(start + MAX_GEMV_TOKENS, num_tokens)
         gemv(x[start:stop], w_bits, out[start:stop])
     return out
+
+
+def linear(x, w_bits, out=None):
+    """y = x @ W.T with the kernel `linear_kernel` picks for the shape."""
+    out = _check_shapes(x, w_bits, out)
+    _name, launch = linear_kernel(x.shape[0], x.shape[1])
+    return launch(x, w_bits, out)
 
 
 def linear_ref(x: np.ndarray, w_bits: np.ndarray) -> np.ndarray:

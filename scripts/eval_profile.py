@@ -152,11 +152,12 @@ def stub_kernels(vocab_size: int) -> None:
     from tinyvllm.runner import logprobs as logprobs_module
     from tinyvllm.runner import model_runner as model_runner_module
     from tinyvllm.runner import sampler as sampler_module
+    from tinyvllm.runner.inputs import upload
     from tinyvllm.runner.model_runner import ModelRunner
     rng = np.random.default_rng(0)
 
     def forward_stages(self, batch, all_logits=False, synchronize=True):
-        self.upload(batch, all_logits)
+        upload(batch, self.plan, all_logits)
         rows = batch.num_tokens if all_logits else len(batch.logits_rows)
         return cuda.to_device(rng.standard_normal((rows, vocab_size), dtype=np.float32))
         yield  # a generator, like the real one

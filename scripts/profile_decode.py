@@ -88,7 +88,7 @@ def gpu_stage_profile(engine, graphs, batch_size: int, repeats: int) -> None:
 
     whole = time_graph(captured._graph)
     captured._arena.rewind()
-    stages = engine.runner.device_forward_stages(captured._batch, synchronize=False)
+    stages = engine.runner.forward_pass.device_forward_stages(captured._batch, synchronize=False)
     per_kind, done = {}, False
     while not done:
         builder = Device().create_graph_builder()

@@ -56,7 +56,7 @@ def main():
         seqs = cuda.to_device(np.arange(batch, dtype=np.int32))
         positions = cuda.to_device(np.full(batch, context - 1, np.int32))
         out = cuda.device_array((batch, N_HEADS, HEAD_DIM), np.float32)
-        decode_gqa = batch * N_KV_HEADS >= DECODE_GQA_MIN_BLOCKS  # ModelRunner._attention_for's choice
+        decode_gqa = batch * N_KV_HEADS >= DECODE_GQA_MIN_BLOCKS  # KernelPlan.attention's choice
         launcher = paged_attention_decode_gqa if decode_gqa else paged_attention_flash_decode
         name = "decode_gqa" if decode_gqa else "flash_decode"
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def prompt_batch(engine, lengths, rng, first_block: int):
     """A ForwardBatch of whole prompts of `lengths` tokens on blocks from first_block on, every prompt sampling."""
-    from tinyvllm.runner.model_runner import ForwardBatch
+    from tinyvllm.runner.inputs import ForwardBatch
     bs = engine.block_manager.block_size
     ids, positions, query_seq, slots, rows, tables = [], [], [], [], [], []
     block = first_block

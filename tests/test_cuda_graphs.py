@@ -14,7 +14,7 @@ from kernels_numba.sampling import argmax_ref
 from tinyvllm.runner.cuda_graphs import CapturedDecode, buckets_up_to
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.model.loader import load_model
-from tinyvllm.runner.model_runner import ForwardBatch
+from tinyvllm.runner.inputs import ForwardBatch
 from tinyvllm.engine.sampling_params import SamplingParams
 
 PROMPTS = ["The sun rose", "A small dog ran along the river", "Water"]
@@ -136,7 +136,7 @@ def test_a_replay_with_new_inputs_equals_the_eager_forward(model, rng):
     for layer in range(model.config.num_hidden_layers):
         for array in e.kv_pool.layer(layer):
             array.copy_to_device(rng.standard_normal(array.shape).astype(np.float32))  # finite keys everywhere
-    captured = CapturedDecode(e.runner, bucket=4, max_blocks_per_seq=5)
+    captured = CapturedDecode(e.runner.forward_pass, bucket=4, max_blocks_per_seq=5)
     for rows in (3, 4, 1):
         batch = _decode_batch(rng, rows)
         graphed_logits, graphed_ids = captured.run(batch)

@@ -496,48 +496,47 @@ def test_split_for_splits_decode_batches_and_never_prefill():
 
 
 def test_the_fast_plan_splits_decode_batches_on_a_gpu(monkeypatch):
-    """KernelPlan.project hands gemm_tc split_for's splits on a GPU (here pretended), 1 in the simulator."""
+    """KernelPlan.project hands gemm_tc split_for's splits on a GPU (simulator=False), 1 in the simulator."""
     from types import SimpleNamespace
 
     import tinyvllm.runner.kernel_plan as kernel_plan
     from kernels_numba.gemm_tc import SMALL_TILE
     calls = []
     monkeypatch.setattr(kernel_plan, "gemm_tc", lambda x, w, tile, splits: calls.append((tile, splits)))
-    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4)
+    simulated = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=True)
+    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=False)
     x, w_down = SimpleNamespace(shape=(256, 8192)), SimpleNamespace(shape=(2048, 8192))  # down_proj, batch 256
-    monkeypatch.setattr(kernel_plan, "SIMULATOR", True)  # first as in the simulator (also on a GPU)
-    plan.project(x, w_down)
-    monkeypatch.setattr(kernel_plan, "SIMULATOR", False)
+    simulated.project(x, w_down)  # first as in the simulator (also on a GPU)
     plan.project(x, w_down)
     plan.project(SimpleNamespace(shape=(4096, 8192)), w_down)  # prefill
-    assert calls == [(kernel_plan.SIMULATOR_TILE, 1), (SMALL_TILE, 2), (kernel_plan.tc_tile(4096, 2048), 1)]
+    assert calls == [(kernel_plan.SIMULATOR_TILE, 1), (SMALL_TILE, 2), (plan.tc_tile(4096, 2048), 1)]
 
 
 def test_the_fast_plan_fuses_the_gate_into_gate_up_where_it_runs_in_one_pass(monkeypatch):
-    """KernelPlan.gate on a GPU (here pretended): gemm_tc with SwiGLUEpilogue(bf16=True) where gate|up takes gemm_tc
+    """KernelPlan.gate on a GPU (simulator=False): gemm_tc with SwiGLUEpilogue(bf16=True) where gate|up takes gemm_tc
     without split-K (prefill; Llama-3.2-1B's gate|up at decode batches too: LARGE_TILE, one pass), else gemm_tc's
     float32 gate|up then silu_mul_gate_up(bf16=True); the fp32 plan never fuses. The stage record's name says which."""
     from types import SimpleNamespace
 
     import tinyvllm.runner.kernel_plan as kernel_plan
     calls = []
-    monkeypatch.setattr(kernel_plan, "SIMULATOR", False)
     monkeypatch.setattr(kernel_plan, "gemm_tc_fused", lambda x, w, epilogue, tile: calls.append(
         ("fused", epilogue, tile)) or SimpleNamespace(out="gated"))
     monkeypatch.setattr(kernel_plan, "gemm_tc", lambda x, w, tile, splits: calls.append(("gemm_tc", splits)) or gate_up)
     monkeypatch.setattr(kernel_plan, "silu_mul_gate_up", lambda gate_up, bf16: calls.append((gate_up, bf16)))
-    plan, fp32 = kernel_plan.KernelPlan("fast", head_dim=64, group=4), kernel_plan.KernelPlan("fp32", 64, 4)
+    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=False)
+    fp32 = kernel_plan.KernelPlan("fp32", 64, 4, simulator=False)
     gate_up = SimpleNamespace(shape=(64, 2048))
     for rows in (4096, 64):  # Llama-3.2-1B: hidden 2048, intermediate 8192
         assert plan.fuses_swiglu(rows, 2048, 8192) and not fp32.fuses_swiglu(rows, 2048, 8192)
-        assert plan.gate(SimpleNamespace(shape=(rows, 2048)), SimpleNamespace(shape=(16384, 2048))) == "gated"
-        assert calls.pop() == ("fused", SwiGLUEpilogue(bf16=True), kernel_plan.tc_tile(rows, 16384))
-        assert plan.gate_name(rows, 2048, 8192) == (
-            "gemm_tc.gemm_tc (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)")
+        gate = plan.gate(rows, 2048, 8192)
+        assert gate(SimpleNamespace(shape=(rows, 2048)), SimpleNamespace(shape=(16384, 2048))) == "gated"
+        assert calls.pop() == ("fused", SwiGLUEpilogue(bf16=True), plan.tc_tile(rows, 16384))
+        assert gate.name == "gemm_tc.gemm_tc (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)"
     # a narrow gate|up over a long K at a decode batch: SMALL_TILE's 32 blocks split K, so the pair runs
     assert not plan.fuses_swiglu(64, 8192, 1024)
-    plan.gate(SimpleNamespace(shape=(64, 8192)), SimpleNamespace(shape=(2048, 8192)))
+    gate = plan.gate(64, 8192, 1024)
+    gate(SimpleNamespace(shape=(64, 8192)), SimpleNamespace(shape=(2048, 8192)))
     assert calls[0][0] == "gemm_tc" and calls[0][1] > 1 and calls[1] == (gate_up, True)
-    assert plan.gate_name(64, 8192, 1024) == ("gemm_tc.gemm_tc (gate|up in one) + activation.silu_mul_gate_up "
-                                              "(bf16)")
+    assert gate.name == "gemm_tc.gemm_tc (gate|up in one) + activation.silu_mul_gate_up (bf16)"
     assert not plan.fuses_swiglu(2, 2048, 8192)  # under the GEMV crossover: the fused-GEMV layer's own gate

@@ -109,7 +109,6 @@ def test_tinyvllm_does_not_import_the_debugger(graph):
     assert imports_of(graph, "tinyvllm", "debugger") == []
 
 
-@pytest.mark.xfail(strict=False, reason="engine/runner split in progress")
 def test_the_engine_imports_no_kernels(graph):
     assert imports_of(graph, "tinyvllm.engine", "kernels_numba") == []
 

@@ -10,7 +10,7 @@ from kernels_numba import matmul
 from kernels_numba.matmul import (BLOCK_FEATURES, BLOCK_K, BLOCK_TOKENS, COALESCED_PASS_TOKENS, COALESCED_ROWS,
                                   GEMV_ROWS, MAX_GEMV_TOKENS, gemm, gemm_blocked, gemm_splits, gemv,
                                   gemv_coalesced, gemv_fused, linear,
-                                  linear_kernel_name, linear_ref)
+                                  linear_kernel, linear_ref)
 from kernels_numba.activation import silu_mul_ref, silu_ref
 from kernels_numba.attention import write_kv_paged_ref
 from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
@@ -357,11 +357,11 @@ def test_gemm_splits_fills_the_gpu_only_when_tiles_are_few():
     assert gemm_splits(1, 512, 64) == 2         # never a slice under MIN_SPLIT_K = 256
 
 
-def test_linear_kernel_name_picks_gemm_blocked_for_prefill_on_a_gpu(monkeypatch):
-    if matmul.SIMULATOR:
-        assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64) == "gemv"  # the simulator: gemv in chunks
+def test_linear_kernel_picks_gemm_blocked_for_prefill_on_a_gpu(monkeypatch):
+    def linear_kernel_name(num_tokens, in_features, simulator=False):
+        return linear_kernel(num_tokens, in_features, simulator)[0]
+    assert linear_kernel_name(MAX_GEMV_TOKENS + 1, 64, simulator=True) == "gemv"  # the simulator: gemv in chunks
     # the GPU's limits (the simulator's MAX_GEMV_TOKENS is 32, which would leave no room between the two)
-    monkeypatch.setattr(matmul, "SIMULATOR", False)
     monkeypatch.setattr(matmul, "MAX_GEMV_TOKENS", 8)
     monkeypatch.setattr(matmul, "MAX_COALESCED_TOKENS", 32)
     assert linear_kernel_name(8, 64) == "gemv_coalesced"

@@ -1,7 +1,7 @@
 """Two precisions, one forward path: `--precision fp32|fast|auto` from the command line to the engine, and the fast
 path (bf16 activations into tensor-core GEMMs and prefill attention, float32 accumulation) against fp32 on the demo
 model, stage by stage and in greedy tokens. In the simulator the fast kernels run on mma.py's twins with small tiles
-(kernel_plan.tc_tile), so the prompts are short: two of 9 and 7 tokens, one 16-row tile."""
+(KernelPlan.tc_tile), so the prompts are short: two of 9 and 7 tokens, one 16-row tile."""
 import numpy as np
 import pytest
 
@@ -115,27 +115,22 @@ def test_auto_is_fast_on_a_gpu_with_bf16_weights_else_fp32():
 
 
 def test_the_fast_plans_gemv_crossover_sends_larger_decode_steps_to_the_tensor_cores(monkeypatch):
-    """On a GPU (SIMULATOR patched off): decode steps up to FAST_GEMV_MAX_TOKENS keep the fused GEMVs, larger ones
-    take gemm_tc and leave the fused-GEMV layer; fp32 keeps its own crossover (matmul.MAX_COALESCED_TOKENS)."""
-    from types import SimpleNamespace
+    """On a GPU (the plan's choices asked with simulator=False): decode steps up to FAST_GEMV_MAX_TOKENS keep the
+    fused GEMVs, larger ones take gemm_tc and leave the fused-GEMV layer; fp32 keeps its own crossover
+    (matmul.MAX_COALESCED_TOKENS)."""
     from kernels_numba import matmul
     from tinyvllm.runner import kernel_plan
     from tinyvllm.runner.kernel_plan import KernelPlan
-    from tinyvllm.runner.model_runner import ModelRunner
-    monkeypatch.setattr(kernel_plan, "SIMULATOR", False)
-    monkeypatch.setattr(matmul, "SIMULATOR", False)
     monkeypatch.setattr(kernel_plan, "FAST_GEMV_MAX_TOKENS", 8)
-    assert kernel_plan.tc_min_rows() == 9
-    fast, fp32 = KernelPlan("fast", 64, 4), KernelPlan("fp32", 64, 4)
+    fast, fp32 = KernelPlan("fast", 64, 4, simulator=False), KernelPlan("fp32", 64, 4, simulator=False)
+    assert fast.tc_min_rows() == 9
     assert not fast.uses_tensor_cores(8, 2048) and fast.uses_tensor_cores(9, 2048)
     assert not fp32.uses_tensor_cores(9, 2048)
-    config = SimpleNamespace(hidden_size=2048, num_attention_heads=32, head_dim=64, intermediate_size=8192)
-    runner = SimpleNamespace(fuse_norms=None, config=config)
+    inputs = (2048, 32 * 64, 8192)  # hidden, n_heads * head_dim, intermediate
     for plan, tokens, fused in ((fast, 8, True), (fast, 9, False), (fp32, 9, True), (fp32, 33, False)):
-        runner.plan = plan
-        assert ModelRunner.fuses_norms(runner, tokens) == fused, (plan.precision, tokens)
+        assert plan.fused_gemv_layer(tokens, inputs) == fused, (plan.precision, tokens)
     monkeypatch.setattr(kernel_plan, "FAST_GEMV_MAX_TOKENS", 64)  # never past fp32's own crossover
-    assert kernel_plan.tc_min_rows() == matmul.MAX_COALESCED_TOKENS + 1
+    assert fast.tc_min_rows() == matmul.MAX_COALESCED_TOKENS + 1
 
 
 @pytest.mark.parametrize("command, expected", [("generate", "auto"), ("serve", "auto"), ("bench", "auto"),

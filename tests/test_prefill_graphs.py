@@ -17,7 +17,8 @@ from kernels_numba.matmul import MAX_COALESCED_TOKENS
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.runner.kv_pool import KVPool
 from tinyvllm.model.loader import load_model
-from tinyvllm.runner.model_runner import ForwardBatch, ModelRunner
+from tinyvllm.runner.inputs import ForwardBatch
+from tinyvllm.runner.model_runner import ModelRunner
 from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token, prefill_buckets_up_to
 from tinyvllm.engine.sampling_params import SamplingParams
 
@@ -101,7 +102,7 @@ def test_replayed_steps_match_eager_logits_and_kv_writes(model, precision):
     runner = _runner(model, precision)
     _write_prefix(runner, rng, [9, 10, 11, 12], 8)
     _write_prefix(runner, rng, [18, 19], 6)
-    graphs = PrefillGraphs(runner, BUCKETS[-1], MAX_SEQS, WIDTH, buckets=BUCKETS)
+    graphs = PrefillGraphs(runner.forward_pass, BUCKETS[-1], MAX_SEQS, WIDTH, buckets=BUCKETS)
     steps = _steps(rng, model.config.vocab_size)
     for name, batch in map(steps.get, STEPS[precision]):
         assert graphs.can_run(batch), name

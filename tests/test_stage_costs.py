@@ -2,7 +2,7 @@
 import numpy as np
 
 from tinyvllm.model.config import ModelConfig
-from tinyvllm.runner.model_runner import ForwardBatch
+from tinyvllm.runner.inputs import ForwardBatch
 from tinyvllm.bench.stage_costs import stage_costs
 
 CONFIG = ModelConfig.from_dict({"model_type": "llama", "vocab_size": 100, "hidden_size": 8, "intermediate_size": 12,

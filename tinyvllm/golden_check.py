@@ -16,7 +16,7 @@ import numpy as np
 
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.engine.engine import LLMEngine
-from tinyvllm.runner.model_runner import Stage
+from tinyvllm.runner.stages import Stage
 from tinyvllm.engine.sampling_params import SamplingParams
 
 # The demo model's goldens ship inside the package (goldens/demo.npz in a checkout is a link to them).

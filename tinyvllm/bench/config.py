@@ -6,7 +6,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass
 
-from tinyvllm.model.config import PRECISIONS, add_precision_arguments
+from tinyvllm.runner.choices import add_precision_arguments, check_precision
 from tinyvllm.errors import TinyVLLMError
 
 WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
@@ -76,7 +76,7 @@ class BenchConfig:
         unknown = sorted(set(self.batching) - set(BATCHING_MODES))
         check(self.batching and not unknown, f"unknown batching mode(s) {unknown}; choose from continuous, static")
         check(self.compare in (None, "hf"), f"--compare takes hf, got {self.compare!r}")
-        check(self.precision in PRECISIONS, f"--precision takes {', '.join(PRECISIONS)}, got {self.precision!r}")
+        check_precision(self.precision, "bench: --precision")
         check(not self.hf_only or self.compare == "hf", "--hf-only needs --compare hf")
         for name in ("latency_prompt", "latency_new_tokens", "prefill_repeats", "num_requests", "min_len",
                      "serving_requests", "hf_batch_size", "copy_mib", "max_num_seqs", "max_num_batched_tokens",

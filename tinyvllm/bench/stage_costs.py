@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyvllm.model.config import ModelConfig
-from tinyvllm.runner.model_runner import ForwardBatch
+from tinyvllm.runner.inputs import ForwardBatch
 
 BF16, F32 = 2, 4
 

@@ -8,7 +8,7 @@ The engine module is imported inside the functions: parsing a command line loads
 """
 from __future__ import annotations
 
-from tinyvllm.model.config import add_precision_arguments
+from tinyvllm.runner.choices import add_precision_arguments
 
 
 def add_engine_arguments(parser) -> None:

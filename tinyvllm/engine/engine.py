@@ -34,13 +34,14 @@ from tinyvllm.engine.sequence import Sequence
 from tinyvllm.engine.stop_checks import check_stop
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.log import log_to_stderr
-from tinyvllm.model.config import KV_CACHE_DTYPE_CHOICES, PRECISIONS
 from tinyvllm.model.loader import LoadedModel, load_model
+from tinyvllm.runner.choices import check_kv_cache_dtype, check_precision
 from tinyvllm.runner.cuda_graphs import DecodeGraphs, graphs_enabled
 from tinyvllm.runner.inputs import ForwardBatch
 from tinyvllm.runner.kernel_plan import resolve_precision
-from tinyvllm.runner.kv_pool import KV_CACHE_DTYPES, KVPool, default_num_blocks, resolve_kv_cache_dtype
-from tinyvllm.runner.model_runner import ModelRunner, Stage, drain
+from tinyvllm.runner.kv_pool import KVPool, default_num_blocks, resolve_kv_cache_dtype
+from tinyvllm.runner.model_runner import ModelRunner
+from tinyvllm.runner.stages import Stage, drain
 from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token
 from tinyvllm.runner.step import FED_BACK, StepResult
 
@@ -86,9 +87,8 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
-        check(self.kv_cache_dtype in KV_CACHE_DTYPE_CHOICES,
-              f"kv_cache_dtype must be auto or one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        check(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
+        check_precision(self.precision)
 
 
 class LLMEngine:
@@ -116,12 +116,8 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
         max_blocks_per_seq = math.ceil(self.max_model_len / config.block_size)
-        if use_graphs:
-            self.runner.decode_graphs = DecodeGraphs(self.runner, config.max_num_seqs, max_blocks_per_seq, log=log)
-            self.runner.pipeline_decode = config.pipeline_decode
-        if use_prefill_graphs:
-            self.runner.prefill_graphs = PrefillGraphs(self.runner, config.max_num_batched_tokens,
-                                                       config.max_num_seqs, max_blocks_per_seq, log=log)
+        self.runner.use_graphs(use_graphs, use_prefill_graphs, config.max_num_seqs, config.max_num_batched_tokens,
+                               max_blocks_per_seq, config.pipeline_decode, log=log)
         self.metrics = MetricsCollector()
         self.tokenizer = self.model.tokenizer
         # generation_config.json's eos_token_id, when present, overrides config.json's (as in transformers)

@@ -18,21 +18,6 @@ from tinyvllm.errors import ModelLoadError
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
-# EngineConfig.precision's values (tinyvllm/runner/kernel_plan.py: what each runs); here so the CLI names them without
-# importing the kernels.
-PRECISIONS = ("auto", "fp32", "fast")
-KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "bfloat16")  # auto: bfloat16 with the fast precision (kv_pool)
-
-
-def add_precision_arguments(group) -> None:
-    """--kv-cache-dtype and --precision, for every command that builds an engine (cli's engine options, bench)."""
-    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default="auto",
-                       help="KV cache elements: float32 (the reference) or bfloat16 (half the memory and bytes "
-                            "read); auto (default): bfloat16 with the fast precision, else float32")
-    group.add_argument("--precision", choices=PRECISIONS, default="auto",
-                       help="fp32: float32 activations (the reference); fast: bf16 activations into tensor cores, "
-                            "float32 accumulation; auto (default): fast on a GPU with bf16 weights, else fp32")
-
 _REQUIRED = object()
 # Optional keys default as in transformers' LlamaConfig, so a sparse config.json means here what it means to HF.
 _HF_DEFAULT_RMS_NORM_EPS = 1e-6

@@ -31,7 +31,8 @@ import numpy as np
 from kernels_numba.common import SIMULATOR, BufferArena, cuda, launching_into
 from kernels_numba.sampling import argmax
 
-from tinyvllm.runner.model_runner import DeviceBatch, ForwardBatch, ModelRunner, pack_int32, unpack
+from tinyvllm.runner.forward import ForwardPass
+from tinyvllm.runner.inputs import DeviceBatch, ForwardBatch, pack_int32, unpack
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -93,8 +94,8 @@ class CapturedDecode(CapturedStep):
     """The decode step for exactly `bucket` rows, over static input buffers, recorded (and, on a GPU,
     captured as a CUDA graph)."""
 
-    def __init__(self, runner: ModelRunner, bucket: int, max_blocks_per_seq: int):
-        self.runner, self.bucket, self.width = runner, bucket, max_blocks_per_seq
+    def __init__(self, forward: ForwardPass, bucket: int, max_blocks_per_seq: int):
+        self.forward, self.bucket, self.width = forward, bucket, max_blocks_per_seq
         B, W = bucket, max_blocks_per_seq
         dummy = self._inputs(ForwardBatch([0], [0], [0], [-1], np.zeros((1, 1), np.int32), [0]))
         size = sum(a.size for a in dummy)
@@ -116,7 +117,7 @@ class CapturedDecode(CapturedStep):
     def _launch(self):
         """The forward pass over the static inputs and each row's argmax. The argmax is part of the graph so
         that an all-greedy step launches nothing else (from Python, a launch costs more than the kernel)."""
-        logits = self.runner.device_forward(self._batch)
+        logits = self.forward.device_forward(self._batch)
         argmax(logits, out=self.greedy_ids)
         return logits
 
@@ -214,9 +215,9 @@ class BucketGraphs:
 class DecodeGraphs(BucketGraphs):
     """The captured decode steps of one engine, one per batch-size bucket, captured on first use."""
 
-    def __init__(self, runner: ModelRunner, max_batch: int, max_blocks_per_seq: int, log=None):
+    def __init__(self, forward: ForwardPass, max_batch: int, max_blocks_per_seq: int, log=None):
         super().__init__(buckets_up_to(max_batch), log)
-        self.runner, self.max_blocks_per_seq = runner, max_blocks_per_seq
+        self.forward, self.max_blocks_per_seq = forward, max_blocks_per_seq
 
     def can_run(self, batch: ForwardBatch) -> bool:
         """Decode-only, every row sampled, and a bucket fits it."""
@@ -231,7 +232,7 @@ class DecodeGraphs(BucketGraphs):
         return self._capture(self.bucket_for(batch.num_tokens)).launch(batch)
 
     def _make(self, bucket: int) -> CapturedDecode:
-        return CapturedDecode(self.runner, bucket, self.max_blocks_per_seq)
+        return CapturedDecode(self.forward, bucket, self.max_blocks_per_seq)
 
     def _describe(self, bucket: int, step: CapturedDecode) -> str:
         return f"decode step for batch size {bucket}"

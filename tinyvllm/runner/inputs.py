@@ -1,12 +1,15 @@
-"""The host-side inputs of one step, built from the scheduler's decision (a SchedulerOutput): the token ids,
-positions, slot mapping and block tables the forward pass reads (ForwardBatch), and which tokens get logits
-(logprobs.LogitsPlan: each sampling sequence's last token, and prompt positions whose logprobs were asked for).
+"""The inputs of one step, built from the scheduler's decision (a SchedulerOutput): the token ids, positions,
+slot mapping and block tables the forward pass reads (ForwardBatch, on the host), which tokens get logits
+(logprobs.LogitsPlan: each sampling sequence's last token, and prompt positions whose logprobs were asked for),
+and the same index arrays on the device (DeviceBatch, `upload`: one copy).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from kernels_numba.common import cuda
 
 from tinyvllm.engine.scheduler_output import SchedulerOutput
 from tinyvllm.runner.logprobs import LogitsPlan
@@ -71,3 +74,58 @@ def build_inputs(schedule: SchedulerOutput, block_size: int) -> tuple[ForwardBat
     slots = block_tables[query_seq, positions // block_size].astype(np.int64) * block_size + positions % block_size
     assert slots.min() >= 0, "a scheduled token has no KV block"
     return ForwardBatch(token_ids, positions, query_seq, slots, block_tables, plan.rows), plan
+
+
+@dataclass
+class DeviceBatch:
+    """A ForwardBatch's index arrays on the device (views into one upload), plus what the host needs to
+    pick kernels. The CUDA-graph decode path builds one over its own static buffers."""
+    token_ids: object
+    positions: object
+    query_seq: object
+    slot_mapping: object
+    block_tables: object
+    decode_only: bool
+    prefill_tiles: object = None   # kernels_numba.attention.PrefillTiles, for steps with prefill chunks
+    logits_rows: object = None     # device int32 [R]: which tokens get logits; None: every token
+    fed_back: object = None        # device int32 [>= T]: the ids that token ids FED_BACK stand for (see embedding)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_ids.shape[0]
+
+
+def pack_int32(arrays: list[np.ndarray], out: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple]]:
+    """Lay int32 arrays end to end in one host array (one host-to-device copy instead of one each);
+    returns it and each array's (offset, shape) to cut views from the device copy with `unpack`."""
+    sizes = [a.size for a in arrays]
+    out = np.empty(sum(sizes), np.int32) if out is None else out
+    layout, offset = [], 0
+    for a, size in zip(arrays, sizes):
+        out[offset:offset + size] = a.reshape(-1)
+        layout.append((offset, a.shape))
+        offset += size
+    return out, layout
+
+
+def unpack(device_flat, layout: list[tuple]) -> list:
+    views = []
+    for offset, shape in layout:
+        size = int(np.prod(shape))
+        views.append(device_flat[offset:offset + size].reshape(shape))
+    return views
+
+
+def upload(batch: ForwardBatch, plan, all_logits: bool = False) -> DeviceBatch:
+    """Copy a batch's index arrays to the device in one transfer; `plan` (a KernelPlan) builds the prefill
+    attention's query tiles, once for all layers."""
+    arrays = [batch.token_ids, batch.positions, batch.query_seq, batch.slot_mapping, batch.block_tables]
+    every_row = all_logits or batch.samples_every_token
+    if not every_row:
+        arrays.append(batch.logits_rows)
+    flat, layout = pack_int32(arrays)
+    views = unpack(cuda.to_device(flat), layout)
+    decode_only = batch.is_decode_only
+    tiles = None if decode_only else plan.prefill_tiles(batch.query_seq, batch.positions)
+    return DeviceBatch(*views[:5], decode_only=decode_only, prefill_tiles=tiles,
+                       logits_rows=None if every_row else views[5])

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from kernels_numba.common import SIMULATOR, cdiv, cuda
 from kernels_numba.kv_dtype import KV_DTYPES, kv_storage_dtype
 
-from tinyvllm.model.config import KV_CACHE_DTYPE_CHOICES, ModelConfig
+from tinyvllm.model.config import ModelConfig
+from tinyvllm.runner.choices import KV_CACHE_DTYPES
 
 SIMULATOR_DEFAULT_BLOCKS = 256
-KV_CACHE_DTYPES = tuple(KV_DTYPES)  # "float32", "bfloat16"
-assert KV_CACHE_DTYPE_CHOICES == ("auto",) + KV_CACHE_DTYPES, "config.KV_CACHE_DTYPE_CHOICES names the pool dtypes"
+assert tuple(KV_DTYPES) == KV_CACHE_DTYPES, "kv_dtype.KV_DTYPES stores each name choices.KV_CACHE_DTYPES gives"
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, precision: str) -> str:

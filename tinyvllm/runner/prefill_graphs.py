@@ -9,7 +9,7 @@ mixed with decodes), with what that takes beyond the decode recipe:
 - fixed attention grid: the query tiles (kernels_numba/attention/prefill.py) sit in static buffers too, padded to
   the most tiles a bucket can need (max_prefill_tiles) with empty tiles, which the prefill kernels skip;
 - logits outside the graph: the graph ends at final_norm; the LM head over the rows that want logits (how many
-  varies per step) runs eagerly after the replay (ModelRunner.logits), on exactly the eager path's rows;
+  varies per step) runs eagerly after the replay (ForwardPass.logits), on exactly the eager path's rows;
 - memory: a bucket's activations are large (gate|up alone is T x 2 intermediate floats), so the graphs' buffers
   come from common.LayerArena (layer i writes set i % 2: two layers' worth, not all of them) over one
   SharedStorage for every bucket (they replay one after another on one stream): the largest bucket's activations
@@ -27,7 +27,9 @@ from kernels_numba.common import SharedStorage, LayerArena, cuda
 
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.runner.cuda_graphs import BucketGraphs, CapturedStep, buckets_up_to
-from tinyvllm.runner.model_runner import DeviceBatch, ForwardBatch, ModelRunner, drain, pack_int32, unpack
+from tinyvllm.runner.forward import ForwardPass
+from tinyvllm.runner.inputs import DeviceBatch, ForwardBatch, pack_int32, unpack
+from tinyvllm.runner.stages import drain
 
 # In fp32 a GPU step of up to 32 tokens (MAX_COALESCED_TOKENS) runs the fused-GEMV layer, beyond it gemm_blocked: the
 # buckets 16 and 32 keep short prompts on the kernels their eager step runs (the same results), 64 and up the others.
@@ -59,10 +61,10 @@ class CapturedPrefill(CapturedStep):
     """The forward pass from embedding to final_norm for exactly `bucket` tokens of at most max_seqs sequences,
     over static input buffers and buffers from `storage`, recorded (and, on a GPU, captured as a CUDA graph)."""
 
-    def __init__(self, runner: ModelRunner, bucket: int, max_seqs: int, max_blocks_per_seq: int,
+    def __init__(self, forward: ForwardPass, bucket: int, max_seqs: int, max_blocks_per_seq: int,
                  storage: SharedStorage):
-        self.runner, self.bucket, self.max_seqs, self.width = runner, bucket, max_seqs, max_blocks_per_seq
-        self.tile_queries = runner.plan.prefill_tile_queries()
+        self.forward, self.bucket, self.max_seqs, self.width = forward, bucket, max_seqs, max_blocks_per_seq
+        self.tile_queries = forward.plan.prefill_tile_queries()
         self.num_tiles = 0 if self.tile_queries is None else max_prefill_tiles(bucket, max_seqs, self.tile_queries)
         dummy = self._inputs(ForwardBatch([0], [0], [0], [-1], np.zeros((1, 1), np.int32), [0]))
         self._host = cuda.pinned_array(sum(a.size for a in dummy), np.int32)
@@ -74,7 +76,7 @@ class CapturedPrefill(CapturedStep):
         self._record(LayerArena(storage))
 
     def _launch(self):
-        return drain(self.runner.device_hidden_stages(self._batch, synchronize=False))
+        return drain(self.forward.device_hidden_stages(self._batch, synchronize=False))
 
     def _inputs(self, batch: ForwardBatch) -> list[np.ndarray]:
         """The batch's arrays padded to the bucket (see the module docstring) and its query tiles to num_tiles."""
@@ -105,17 +107,17 @@ class CapturedPrefill(CapturedStep):
             return None
         every_row = batch.samples_every_token
         x = self.output[:batch.num_tokens]
-        return self.runner.logits(x, None if every_row else cuda.to_device(np.asarray(batch.logits_rows, np.int32)))
+        return self.forward.logits(x, None if every_row else cuda.to_device(np.asarray(batch.logits_rows, np.int32)))
 
 
 class PrefillGraphs(BucketGraphs):
     """The captured steps with prefill chunks of one engine, one per token bucket, captured on first use; their
     activations share one SharedStorage."""
 
-    def __init__(self, runner: ModelRunner, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, log=None,
+    def __init__(self, forward: ForwardPass, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, log=None,
                  buckets: tuple[int, ...] | None = None):
         super().__init__(buckets or prefill_buckets_up_to(max_tokens), log)
-        self.runner, self.max_seqs, self.max_blocks_per_seq = runner, max_seqs, max_blocks_per_seq
+        self.forward, self.max_seqs, self.max_blocks_per_seq = forward, max_seqs, max_blocks_per_seq
         self.storage = SharedStorage()
 
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -128,7 +130,7 @@ class PrefillGraphs(BucketGraphs):
         return self._capture(self.bucket_for(batch.num_tokens)).run(batch)
 
     def _make(self, bucket: int) -> CapturedPrefill:
-        return CapturedPrefill(self.runner, bucket, self.max_seqs, self.max_blocks_per_seq, self.storage)
+        return CapturedPrefill(self.forward, bucket, self.max_seqs, self.max_blocks_per_seq, self.storage)
 
     def _describe(self, bucket: int, step: CapturedPrefill) -> str:
         return (f"prefill step for {bucket} tokens (activations of every prefill graph: "
