@@ -82,10 +82,10 @@ def join_gguf_parts(path: str) -> None:
 
 KERNEL_TESTS = ["tests/test_bf16.py", "tests/test_embedding.py", "tests/test_rmsnorm.py", "tests/test_rope.py",
                 "tests/test_activation.py", "tests/test_sampling.py", "tests/test_matmul.py",
-                "tests/test_attention.py", "tests/test_paged_attention.py"]
+                "tests/test_paged_attention.py", "tests/lessons"]
 TC_TESTS = ["tests/test_mma.py", "tests/test_gemm_tc.py", "tests/test_prefill_tc.py", "tests/test_kernel_cache.py"]
 KV_TESTS = ["tests/test_paged_attention.py", "tests/test_prefill_tc.py", "tests/test_rope.py", "tests/test_kv_pool.py",
-            "tests/test_kv_cache_bf16.py", "tests/test_stage_costs.py", "tests/test_attention.py"]
+            "tests/test_kv_cache_bf16.py", "tests/test_stage_costs.py"]
 GRAPH_TESTS = ["tests/test_prefill_graphs.py", "tests/test_prefill_tc.py", "tests/test_cuda_graphs.py",
                "tests/test_goldens_demo.py"]
 
