@@ -25,7 +25,7 @@ from pathlib import Path
 
 from debugger.session import RequestView, describe_params
 from tinyvllm.errors import TinyVLLMError
-from tinyvllm.serving.engine_loop import EngineLoop, Update, _Abort, _Add, _Inbox
+from tinyvllm.serving.engine_loop import EngineLoop, Update, AbortCommand, AddCommand, Inbox
 from tinyvllm.serving.replay import RequestResult
 
 _HTTP_CLIENT: contextvars.ContextVar = contextvars.ContextVar("tinyvllm_http_client", default=None)
@@ -198,13 +198,13 @@ class SteppedEngineLoop(EngineLoop, Feed):
         dropped = []
         with self._cond:
             if adds:
-                commands, self._inbox = self._inbox.commands, _Inbox()
+                commands, self._inbox = self._inbox.commands, Inbox()
             else:
-                commands = [c for c in self._inbox.commands if isinstance(c, _Abort)]
+                commands = [c for c in self._inbox.commands if isinstance(c, AbortCommand)]
                 gone = {c.request_id for c in commands}
-                dropped = [c for c in self._inbox.commands if isinstance(c, _Add) and c.request_id in gone]
-                kept = [c for c in self._inbox.commands if not isinstance(c, _Abort) and c not in dropped]
-                self._inbox = _Inbox(kept, len(kept))
+                dropped = [c for c in self._inbox.commands if isinstance(c, AddCommand) and c.request_id in gone]
+                kept = [c for c in self._inbox.commands if not isinstance(c, AbortCommand) and c not in dropped]
+                self._inbox = Inbox(kept, len(kept))
                 self._live.difference_update(c.request_id for c in dropped)
                 commands = [c for c in commands if c.request_id not in {d.request_id for d in dropped}]
         for c in dropped:   # never reached the engine: it ends here
@@ -214,9 +214,9 @@ class SteppedEngineLoop(EngineLoop, Feed):
             return []
         self._apply(commands, session.add_request)
         for c in commands:
-            if isinstance(c, _Abort) and c.request_id in self.records and c.request_id in self._sinks:
+            if isinstance(c, AbortCommand) and c.request_id in self.records and c.request_id in self._sinks:
                 self.records[c.request_id].finish_reason = self.engine.request(c.request_id).finish_reason
-        admitted = [c.request_id for c in commands if isinstance(c, _Add) and c.request_id in self._sinks]
+        admitted = [c.request_id for c in commands if isinstance(c, AddCommand) and c.request_id in self._sinks]
         for request_id in admitted:
             self.records[request_id].in_engine = True
         with self._cond:
@@ -241,8 +241,8 @@ class SteppedEngineLoop(EngineLoop, Feed):
         with self._cond:
             self._accepting = False
             self._open = False
-            inbox, self._inbox = self._inbox, _Inbox()
-            waiting = [c for c in inbox.commands if isinstance(c, _Add)]
+            inbox, self._inbox = self._inbox, Inbox()
+            waiting = [c for c in inbox.commands if isinstance(c, AddCommand)]
             self._live.difference_update(c.request_id for c in waiting)
         for c in waiting:
             self._call(c.sink, [Update(c.request_id, [], finished=True, finish_reason="abort", token_ids=[], text="")])
@@ -259,7 +259,7 @@ class SteppedEngineLoop(EngineLoop, Feed):
     # ---- what the debugger shows ------------------------------------------------------------------------
     def pending_views(self) -> tuple[RequestView, ...]:
         with self._cond:
-            waiting = [c for c in self._inbox.commands if isinstance(c, _Add)]
+            waiting = [c for c in self._inbox.commands if isinstance(c, AddCommand)]
         views = []
         for c in waiting:
             r = self.records.get(c.request_id)

@@ -381,7 +381,7 @@ class Session:
         self._model, self._engine_config = engine.model, engine.config
         self._lock = threading.RLock()
         self.breakpoints: list[Breakpoint] = []   # standing ones: continue_to_end and serve stop at any of them
-        self.feed = None    # a source of requests stepped in by the session (serving: debug_mode.SteppedEngineLoop)
+        self.feed = None    # a source of requests stepped in by the session (serving: serve_debug.SteppedEngineLoop)
         self._closed = False
         self._start(engine)
 

@@ -38,7 +38,7 @@ def test_a_decode_step_stage_has_no_golden(capsys):
     assert code == 0, err
     first = out.splitlines()[0]
     # k comes from the q stage's q|k|v projection + rope_qkv; on a GPU a one-token step runs the fused-GEMV layer
-    # (ModelRunner.fuses_norms), where input_norm's gemv_fused (RopeKVEpilogue) computes q, k and v
+    # (KernelPlan.fused_gemv_layer), where input_norm's gemv_fused (RopeKVEpilogue) computes q, k and v
     computed_by = "layers.0.q" if SIMULATOR else "layers.0.input_norm"
     assert first.startswith(f"step 1 stage layers.0.k: kernel (computed by {computed_by})")
     assert "shape (1, 2, 16) float32" in out and "golden: absent (no golden file)" in out

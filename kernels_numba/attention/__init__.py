@@ -3,8 +3,7 @@
     out[t, h] = sum_{j<=p} softmax_j(scale * q[t, h] . K[j, g]) V[j, g]     p = the query's position,
                                                                            g = h // (n_heads // n_kv_heads)
 
-Which step runs which (the choice: tinyvllm/runner/model_runner.py `ModelRunner._attention_for`, and for the fast
-precision tinyvllm/runner/kernel_plan.py):
+Which step runs which (the choice: tinyvllm/runner/kernel_plan.py, `KernelPlan.attention`):
 
 | step                                  | GPU                                       | simulator  |
 |---------------------------------------|-------------------------------------------|------------|

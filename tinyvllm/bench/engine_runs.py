@@ -40,7 +40,7 @@ class RunRecord:
 def drive_engine(engine, requests: list[BenchRequest], max_seconds: float, log, label: str) -> RunRecord:
     """Add each request at its arrival time and step the engine until all finish or max_seconds pass (the cyclic
     garbage collector off meanwhile: gc_control)."""
-    with without_cyclic_gc():  # as eval scores: a full collection paused a 256-request run for 0.4 s on the H200
+    with without_cyclic_gc():  # as eval scores: a full collection would pause a large run mid-measurement
         return _drive(engine, requests, max_seconds, log, label)
 
 

@@ -283,19 +283,20 @@ class LLMEngine:
         next step was scheduled), end the sequences they stop, and report each sequence that got a token. A
         sequence aborted while its pipelined step was in flight is left out, its token dropped."""
         live = [s for s in result.schedule.scheduled if not s.seq.is_finished]
-        schedule = result.schedule
+        schedule, sampled = result.schedule, result.sampled
         if len(live) < len(schedule.scheduled):
             schedule = SchedulerOutput(live, [], sum(s.num_new_tokens for s in live))
-        sampled = {seq.seq_id: result.sampled[seq.seq_id] for seq in schedule.sampling_seqs}
+            sampled = {seq.seq_id: sampled[seq.seq_id] for seq in schedule.sampling_seqs}
         if placeholders:
             self.scheduler.fill_placeholders(schedule, sampled, FED_BACK)
         else:
             self.scheduler.update(schedule, sampled)
         now = time.perf_counter()
-        for seq in schedule.sampling_seqs:
+        seqs = schedule.sampling_seqs
+        for seq in seqs:
             self.metrics.on_token(seq.data.request_id, now)
             self._check_stop(seq.data)
-        return [self._output(seq.data) for seq in schedule.sampling_seqs]
+        return [self._output(seq.data) for seq in seqs]
 
     def _end_step(self, schedule: SchedulerOutput) -> None:
         self.num_steps += 1

@@ -7,6 +7,7 @@ entry whose `samples` is True; the scheduler's `update` then advances exactly th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tinyvllm.engine.sequence import Sequence
 
@@ -53,7 +54,8 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    @property
+    @cached_property
     def sampling_seqs(self) -> list[Sequence]:
-        """The sequences that get a new token this step, in batch order."""
+        """The sequences that get a new token this step, in batch order (computed once: the engine, the runner
+        and the sampler each ask, for every row of a large batch)."""
         return [s.seq for s in self.scheduled if s.samples]

@@ -85,7 +85,8 @@ class StepReport:
 
 
 @dataclass
-class _Add:
+class AddCommand:
+    """A request for the engine thread to add at its next step (EngineLoop.submit)."""
     request_id: str
     prompt: object
     params: SamplingParams
@@ -93,12 +94,15 @@ class _Add:
 
 
 @dataclass
-class _Abort:
+class AbortCommand:
+    """A request for the engine thread to abort at its next step."""
     request_id: str
 
 
 @dataclass
-class _Inbox:
+class Inbox:
+    """The commands submitted since the engine thread last took them, in order (a subclass that steps the engine
+    itself, debugger/serve_debug.py's SteppedEngineLoop, reads them too)."""
     commands: list = field(default_factory=list)
     num_adds: int = 0
 
@@ -118,7 +122,7 @@ class EngineLoop:
         self.log = log
         self.error: BaseException | None = None    # why the loop's thread died, if it did
         self._cond = threading.Condition()
-        self._inbox = _Inbox()
+        self._inbox = Inbox()
         self._live: set[str] = set()                # submitted and not yet finished (guarded by _cond)
         self._sinks: dict[str, Sink] = {}           # the loop thread's own
         self._accepting = True
@@ -158,7 +162,7 @@ class EngineLoop:
             if request_id in self._live:
                 raise DuplicateRequestId(f"request id {request_id!r} is already in flight")
             self._live.add(request_id)
-            self._inbox.commands.append(_Add(request_id, prompt, params, sink))
+            self._inbox.commands.append(AddCommand(request_id, prompt, params, sink))
             self._inbox.num_adds += 1
             self._cond.notify_all()
         return request_id
@@ -167,7 +171,7 @@ class EngineLoop:
         """Abort a request if it is still in flight (a no-op otherwise); its sink gets a last Update."""
         with self._cond:
             if request_id in self._live:
-                self._inbox.commands.append(_Abort(request_id))
+                self._inbox.commands.append(AbortCommand(request_id))
                 self._cond.notify_all()
 
     @property
@@ -221,10 +225,10 @@ class EngineLoop:
         with self._cond:
             while not (self._inbox.commands or self._stopping or engine.has_unfinished_requests()):
                 self._cond.wait()
-            inbox, self._inbox = self._inbox, _Inbox()
+            inbox, self._inbox = self._inbox, Inbox()
             past_deadline = self._stopping and time.monotonic() >= self._deadline
             if past_deadline:
-                inbox.commands += [_Abort(r) for r in self._live]
+                inbox.commands += [AbortCommand(r) for r in self._live]
         self._apply(inbox.commands, engine.add_request)
         if inbox.num_adds:
             with self._cond:  # the requests moved from the inbox to the scheduler's queue
@@ -238,7 +242,7 @@ class EngineLoop:
     def _apply(self, commands: list, add) -> None:
         """Apply inbox commands to the engine; `add(prompt, params, request_id=...)` queues a request."""
         for command in commands:
-            if isinstance(command, _Add):
+            if isinstance(command, AddCommand):
                 try:
                     add(command.prompt, command.params, request_id=command.request_id)
                 except TinyVLLMError as e:  # the engine refused it outright: it never ran
@@ -316,9 +320,9 @@ class EngineLoop:
     def _fail_all(self, message: str) -> None:
         with self._cond:
             live, self._live = self._live, set()
-            inbox, self._inbox = self._inbox, _Inbox()
+            inbox, self._inbox = self._inbox, Inbox()
         sinks = dict(self._sinks)
-        sinks.update({c.request_id: c.sink for c in inbox.commands if isinstance(c, _Add)})
+        sinks.update({c.request_id: c.sink for c in inbox.commands if isinstance(c, AddCommand)})
         for request_id in live:
             if request_id in sinks:
                 update = Update(request_id, [], finished=True, finish_reason="error", error=message, token_ids=[],
