@@ -1,11 +1,11 @@
-"""The device side of one model: its weights, its paged KV pool, the kernel plan, and the forward pass over them.
+"""ModelRunner: the device side of one model, and the runner of one scheduled step.
 
-`ModelRunner.forward_stages(batch)` uploads a ForwardBatch's index arrays (one copy) and yields the stages of the
-forward pass (tinyvllm/runner/forward.py): `generate`, `check-goldens` and the debugger all drive this same
-generator; `forward` just drains it. CUDA graphs (tinyvllm/runner/cuda_graphs.py) record it for decode steps, and up
-to final_norm for the others (tinyvllm/runner/prefill_graphs.py). Two precisions run through it
-(`ModelRunner.precision`): fp32, the reference, and fast, bf16 activations into tensor-core GEMMs and prefill
-attention; tinyvllm/runner/kernel_plan.py says which kernel each takes where.
+    result = runner.execute_stages(schedule)   # a generator of Stages; returns the StepResult
+
+A step: build its inputs from the SchedulerOutput (inputs.py), run the forward pass over the weights and the paged
+KV pool (forward.py, with the kernels kernel_plan.py picks), or replay a captured CUDA graph of it (cuda_graphs.py,
+prefill_graphs.py), then sample each sampling row's next token (sampler.py). `generate`, `check-goldens` and the
+debugger all run this same path; the debugger and the golden check stop after every stage.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import numpy as np
 from kernels_numba.common import cuda
 from kernels_numba.embedding import take_rows
 
+from tinyvllm.engine.scheduler_output import SchedulerOutput
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.device_weights import DeviceWeights
-from tinyvllm.engine.scheduler_output import SchedulerOutput
 from tinyvllm.runner.cuda_graphs import DecodeGraphs
 from tinyvllm.runner.forward import ForwardPass
 from tinyvllm.runner.inputs import ForwardBatch, build_inputs, upload
@@ -33,10 +33,10 @@ from tinyvllm.runner.stages import Stage, drain
 from tinyvllm.runner.step import InFlight, StepResult
 
 
-
 @dataclass
 class ModelRunner:
-    """Owns the device side of one model: its weights, its paged KV pool and the RoPE frequencies."""
+    """Owns the device side of one model (its weights, its paged KV pool, the RoPE frequencies, the forward pass and
+    its CUDA graphs) and runs the steps the scheduler hands it."""
     config: ModelConfig
     weights: DeviceWeights
     kv_pool: KVPool
