@@ -26,9 +26,9 @@ def rng(request):
 def auto_precision_is_fp32(monkeypatch):
     """Engines the tests build run the fp32 reference path unless a test asks for "fast": the goldens and the HF float32
     comparisons need it, and on a GPU (TINYVLLM_TEST_GPU=1) "auto" would pick fast (in the simulator it is fp32)."""
-    import tinyvllm.engine.engine
+    import tinyvllm.runner.model_runner
     from tinyvllm.runner.kernel_plan import resolve_precision
-    monkeypatch.setattr(tinyvllm.engine.engine, "resolve_precision",
+    monkeypatch.setattr(tinyvllm.runner.model_runner, "resolve_precision",
                         lambda requested, dtype: resolve_precision("fp32" if requested == "auto" else requested, dtype))
 
 

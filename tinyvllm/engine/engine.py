@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import operator
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from tinyvllm.engine.block_manager import BlockManager
+from tinyvllm.engine.config import EngineConfig
 from tinyvllm.engine.metrics import MetricsCollector
 from tinyvllm.engine.outputs import RequestOutput
 from tinyvllm.engine.request import Request, stop_token_ids
@@ -35,60 +34,18 @@ from tinyvllm.engine.stop_checks import check_stop
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.log import log_to_stderr
 from tinyvllm.model.loader import LoadedModel, load_model
-from tinyvllm.runner.choices import check_kv_cache_dtype, check_precision
-from tinyvllm.runner.cuda_graphs import DecodeGraphs, graphs_enabled
+from tinyvllm.runner.cuda_graphs import DecodeGraphs
 from tinyvllm.runner.inputs import ForwardBatch
-from tinyvllm.runner.kernel_plan import resolve_precision
-from tinyvllm.runner.kv_pool import KVPool, default_num_blocks, resolve_kv_cache_dtype
 from tinyvllm.runner.model_runner import ModelRunner
 from tinyvllm.runner.stages import Stage, drain
-from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token
+from tinyvllm.runner.prefill_graphs import PrefillGraphs
 from tinyvllm.runner.step import FED_BACK, StepResult
 
 __all__ = ["EngineConfig", "InvalidPrompt", "LLMEngine", "RequestOutput"]
 
-DEFAULT_MAX_MODEL_LEN = 4096
-
 
 class InvalidPrompt(TinyVLLMError, ValueError):
     """A prompt the engine cannot run; the message says why."""
-
-
-@dataclass
-class EngineConfig:
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 512     # token budget of one step
-    block_size: int = 16
-    num_blocks: int | None = None         # None: what max_num_seqs x max_model_len can use, capped by
-    #                                       gpu_memory_fraction of the free GPU memory (kv_pool.default_num_blocks)
-    gpu_memory_fraction: float = 0.5
-    max_model_len: int | None = None      # None: min(max_position_embeddings, 4096)
-    chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    batching: str = "continuous"          # or "static": a batch runs to completion before the next
-    cuda_graphs: bool | None = None       # replay decode steps from CUDA graphs; None: on a GPU only
-    prefill_graphs: bool | None = None    # replay steps with prefill chunks from CUDA graphs (prefill_graphs.py);
-    #                                       None: as cuda_graphs (so on a GPU only, unless that is set)
-    pipeline_decode: bool = True          # with graphs: launch an all-greedy decode step before reading the
-    #                                       previous one's tokens back (runner/step.py)
-    kv_cache_dtype: str = "auto"          # "float32", "bfloat16" (kv_pool.KVPool), or "auto": bfloat16 with the
-    #                                       fast precision, float32 with fp32 (kv_pool.resolve_kv_cache_dtype)
-    precision: str = "auto"               # "fp32" (the reference), "fast" (bf16 activations into tensor cores),
-    #                                       "auto": fast on a GPU with bf16 weights (kernel_plan.resolve_precision)
-
-    def __post_init__(self):
-        def check(ok, message):
-            if not ok:
-                raise TinyVLLMError(f"invalid engine setting: {message}")
-        check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        check(self.max_num_batched_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
-        check(self.num_blocks is None or self.num_blocks >= 1, f"num_blocks must be >= 1, got {self.num_blocks}")
-        check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
-        check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
-        check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
-        check_kv_cache_dtype(self.kv_cache_dtype)
-        check_precision(self.precision)
 
 
 class LLMEngine:
@@ -97,27 +54,13 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
         c = self.model.config
-        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, c.max_position_embeddings)
-        self.precision = resolve_precision(config.precision, self.model.weights.embed_tokens.dtype)
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.precision)
-        use_graphs, use_prefill_graphs = graphs_enabled(config.cuda_graphs, config.prefill_graphs)
-        # the prefill graphs' activations stay allocated: the KV pool leaves room for them
-        graph_bytes = activation_bytes_per_token(c) * config.max_num_batched_tokens if use_prefill_graphs else 0
-        num_blocks, why = config.num_blocks, "as configured"
-        if num_blocks is None:
-            num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, self.max_model_len,
-                                                 config.enable_prefix_caching, config.gpu_memory_fraction,
-                                                 self.kv_cache_dtype, reserved_bytes=graph_bytes)
-        if num_blocks < 1:
-            raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
-        self.kv_pool = KVPool(c, num_blocks, config.block_size, self.kv_cache_dtype)
-        self.runner = ModelRunner(c, self.model.weights, self.kv_pool, self.model.inv_freq, precision=self.precision)
+        self.max_model_len = config.max_model_len_for(c.max_position_embeddings)
+        self.runner = ModelRunner.for_engine(self.model, config, self.max_model_len, log=log)
+        self.kv_pool, self.precision, self.kv_cache_dtype = self.runner.kv_pool, self.runner.precision, self.runner.kv_pool.dtype
+        num_blocks = self.kv_pool.num_blocks
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
                                                    config.chunked_prefill, config.batching), self.block_manager)
-        max_blocks_per_seq = math.ceil(self.max_model_len / config.block_size)
-        self.runner.use_graphs(use_graphs, use_prefill_graphs, config.max_num_seqs, config.max_num_batched_tokens,
-                               max_blocks_per_seq, config.pipeline_decode, log=log)
         self.metrics = MetricsCollector()
         self.tokenizer = self.model.tokenizer
         # generation_config.json's eos_token_id, when present, overrides config.json's (as in transformers)
@@ -131,9 +74,6 @@ class LLMEngine:
         self._seed_rng = np.random.default_rng()
         self.last_schedule: SchedulerOutput | None = None
         self.num_steps = 0
-        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {self.kv_cache_dtype} "
-            f"({self.kv_pool.bytes / 2**20:.1f} MiB: "
-            f"{why}), max model len {self.max_model_len}, precision {self.precision}")
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None,

@@ -9,6 +9,7 @@ debugger all run this same path; the debugger and the golden check stop after ev
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -18,16 +19,19 @@ import numpy as np
 from kernels_numba.common import cuda
 from kernels_numba.embedding import take_rows
 
+from tinyvllm.engine.config import EngineConfig
 from tinyvllm.engine.scheduler_output import SchedulerOutput
+from tinyvllm.errors import TinyVLLMError
 from tinyvllm.model.config import ModelConfig
 from tinyvllm.model.device_weights import DeviceWeights
-from tinyvllm.runner.cuda_graphs import DecodeGraphs
+from tinyvllm.model.loader import LoadedModel
+from tinyvllm.runner.cuda_graphs import DecodeGraphs, graphs_enabled
 from tinyvllm.runner.forward import ForwardPass
 from tinyvllm.runner.inputs import ForwardBatch, build_inputs, upload
-from tinyvllm.runner.kernel_plan import KernelPlan
-from tinyvllm.runner.kv_pool import KVPool
+from tinyvllm.runner.kernel_plan import KernelPlan, resolve_precision
+from tinyvllm.runner.kv_pool import KVPool, default_num_blocks, resolve_kv_cache_dtype
 from tinyvllm.runner.logprobs import LogitsPlan
-from tinyvllm.runner.prefill_graphs import PrefillGraphs
+from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token
 from tinyvllm.runner.sampler import always_argmax, sample_step
 from tinyvllm.runner.stages import Stage, drain
 from tinyvllm.runner.step import InFlight, StepResult
@@ -55,6 +59,32 @@ class ModelRunner:
         c = self.config
         plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
         self.forward_pass = ForwardPass(c, self.weights, self.kv_pool, self.inv_freq, plan)
+
+    @classmethod
+    def for_engine(cls, model: LoadedModel, config: EngineConfig, max_model_len: int, log=None) -> "ModelRunner":
+        """The runner of an engine: the precision and KV cache dtype resolved for the model's weights, a KV pool of
+        config.num_blocks (default: what the configuration can use, within gpu_memory_fraction of the free memory,
+        minus what the prefill graphs keep allocated), and the CUDA graphs the config asks for."""
+        log = log or (lambda message: None)
+        c = model.config
+        precision = resolve_precision(config.precision, model.weights.embed_tokens.dtype)
+        kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, precision)
+        decode_graphs, prefill_graphs = graphs_enabled(config.cuda_graphs, config.prefill_graphs)
+        graph_bytes = activation_bytes_per_token(c) * config.max_num_batched_tokens if prefill_graphs else 0
+        num_blocks, why = config.num_blocks, "as configured"
+        if num_blocks is None:
+            num_blocks, why = default_num_blocks(c, config.block_size, config.max_num_seqs, max_model_len,
+                                                 config.enable_prefix_caching, config.gpu_memory_fraction,
+                                                 kv_cache_dtype, reserved_bytes=graph_bytes)
+        if num_blocks < 1:
+            raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
+        kv_pool = KVPool(c, num_blocks, config.block_size, kv_cache_dtype)
+        runner = cls(c, model.weights, kv_pool, model.inv_freq, precision=precision)
+        runner.use_graphs(decode_graphs, prefill_graphs, config.max_num_seqs, config.max_num_batched_tokens,
+                          math.ceil(max_model_len / config.block_size), config.pipeline_decode, log=log)
+        log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {kv_cache_dtype} "
+            f"({kv_pool.bytes / 2**20:.1f} MiB: {why}), max model len {max_model_len}, precision {precision}")
+        return runner
 
     def use_graphs(self, decode: bool, prefill: bool, max_num_seqs: int, max_num_batched_tokens: int,
                    max_blocks_per_seq: int, pipeline_decode: bool, log=None) -> None:
