@@ -2,6 +2,7 @@
 
 Read in this order:
     engine.py            LLMEngine: add_request, step (schedule -> runner -> update, stop checks, outputs), generate
+    config.py            EngineConfig: batching, the KV pool, precision, CUDA graphs
     scheduler.py         continuous batching within a token budget; preemption by recompute
     scheduler_output.py  SchedulerOutput: the contract between the scheduler and the runner
     block_manager.py     the paged KV pool's bookkeeping: ref-counted blocks, prefix caching by chained hashes
