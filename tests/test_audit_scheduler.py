@@ -53,3 +53,25 @@ def test_a_prompt_exactly_the_budget_left_joins_the_running_decode():
     steps += _run(scheduler, max_steps=10)
     assert steps == [[(0, 2)], [(0, 1), (1, BUDGET - 1)], [(0, 1)], [(0, 1)]]
     assert not scheduler.has_unfinished
+
+
+def test_engine_without_chunking_finishes_a_prompt_exactly_the_budget():
+    """The same through LLMEngine on the demo model, in a bounded number of steps (the loop the server
+    runs would otherwise spin forever on an empty step)."""
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.sampling_params import SamplingParams
+    from tinyvllm.model.loader import load_model
+
+    model = load_model(log=lambda message: None)
+    prompt = model.tokenizer.encode("A small dog ran along the river")
+    engine = LLMEngine(model, EngineConfig(num_blocks=32, block_size=4, chunked_prefill=False,
+                                           max_num_batched_tokens=len(prompt)), log=lambda message: None)
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    finished = []
+    for _ in range(5):   # one prefill step, one decode step; five is generous
+        if not engine.has_unfinished_requests():
+            break
+        finished += [o for o in engine.step() if o.finished]
+    assert not engine.has_unfinished_requests(), "the prompt was never scheduled"
+    (output,) = finished
+    assert (len(output.token_ids), output.finish_reason) == (2, "length")
