@@ -1,0 +1,62 @@
+"""Serving behaviours that clients lean on but rarely check, over real HTTP on localhost (demo model, simulator):
+each stream ends with `data: [DONE]`, a chat client that goes away frees its request's KV blocks, an
+unsupported `logit_bias` is a 400 naming it, and chat `logprobs: true` alone still gives each token's logprob.
+"""
+import json
+import threading
+import time
+
+import pytest
+
+from tests.references import require
+openai = require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
+import httpx  # noqa: E402  (installed with openai)
+
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.model.loader import load_model
+from tests.serving_helpers import ENGINE_OPTIONS, MODEL_NAME, quiet, start_server
+
+CHAT = [{"role": "user", "content": "Where is the river?"}]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(log=quiet)
+
+
+@pytest.fixture(scope="module")
+def offline(model):
+    """The chat's greedy tokens and their logprobs from LLM.generate (before the server: the simulator must
+    not run two engines' kernels at once)."""
+    llm = LLM(model, log=quiet, **ENGINE_OPTIONS)
+    out = llm.generate([CHAT], SamplingParams(temperature=0, max_tokens=2, logprobs=1, ignore_eos=True))[0]
+    return {"chat": out, "tokenizer": llm.tokenizer}
+
+
+@pytest.fixture(scope="module")
+def server(model, offline):
+    running = start_server(model)
+    yield running
+    running.stop()
+
+
+def _stream_lines(server, path: str, body: dict) -> list[str]:
+    with httpx.Client(timeout=120) as http, http.stream("POST", f"{server.url}{path}", json=body) as r:
+        assert r.status_code == 200, r.read()
+        return [line for line in r.iter_lines() if line]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": CHAT}),
+    ("/v1/completions", {"prompt": "The sun rose"}),
+])
+def test_each_stream_ends_with_done_after_its_json_events(server, path, body):
+    """OpenAI's server-sent events end with `data: [DONE]`; clients that wait for it (curl scripts, older
+    SDKs) hang without it."""
+    lines = _stream_lines(server, path, {**body, "model": MODEL_NAME, "max_tokens": 2, "temperature": 0,
+                                         "ignore_eos": True, "stream": True})
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    assert lines.count("data: [DONE]") == 1
+    events = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert events and all(e["choices"] for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
