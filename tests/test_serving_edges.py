@@ -60,3 +60,40 @@ def test_each_stream_ends_with_done_after_its_json_events(server, path, body):
     events = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert events and all(e["choices"] for e in events)
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_clients_that_disconnect_midway_free_their_kv_blocks_soon(server, rng):
+    """Like the completions test in test_serving_http.py, for the chat stream: a request whose client went
+    away is aborted, not run to its max_tokens (200 tokens take the simulator well over 15 s)."""
+    server.wait_idle()
+    before = server.state()["requests_finished"]["abort"]
+    body = {"model": MODEL_NAME, "messages": CHAT, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    read_chunks = [0, 2, int(rng.integers(1, 4))]  # 0: gone right after the response headers
+    errors = []
+
+    def run(n):
+        try:
+            with httpx.Client(timeout=120) as http, \
+                    http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                got = 0
+                while got < n:
+                    if next(lines).startswith("data: {"):
+                        got += 1
+            # leaving the block closes the connection mid-stream
+        except Exception as e:  # reported below
+            errors.append((n, e))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in read_chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    gone = time.monotonic()
+    state = server.wait_idle(timeout=15)
+    assert time.monotonic() - gone < 15
+    assert state["requests_finished"]["abort"] == before + len(read_chunks)
+    assert server.engine_loop.engine.block_manager.num_free_blocks == ENGINE_OPTIONS["num_blocks"]
