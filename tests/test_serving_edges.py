@@ -97,3 +97,21 @@ def test_chat_clients_that_disconnect_midway_free_their_kv_blocks_soon(server, r
     assert time.monotonic() - gone < 15
     assert state["requests_finished"]["abort"] == before + len(read_chunks)
     assert server.engine_loop.engine.block_manager.num_free_blocks == ENGINE_OPTIONS["num_blocks"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": CHAT}),
+    ("/v1/completions", {"prompt": "The sun rose"}),
+])
+def test_logit_bias_is_refused_with_a_400_naming_it(server, path, body):
+    """tinyvllm does not apply logit_bias: answering 200 would silently ignore what the client asked for."""
+    r = httpx.post(f"{server.url}{path}", timeout=120,
+                   json={**body, "model": MODEL_NAME, "max_tokens": 1, "logit_bias": {"50": 5.0}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "logit_bias" and "logit_bias" in error["message"], error
+    assert "Traceback" not in r.text
+    # an empty bias asks for nothing, as OpenAI accepts it
+    r = httpx.post(f"{server.url}{path}", timeout=120,
+                   json={**body, "model": MODEL_NAME, "max_tokens": 1, "logit_bias": {}})
+    assert r.status_code == 200, r.text
