@@ -115,3 +115,22 @@ def test_logit_bias_is_refused_with_a_400_naming_it(server, path, body):
     r = httpx.post(f"{server.url}{path}", timeout=120,
                    json={**body, "model": MODEL_NAME, "max_tokens": 1, "logit_bias": {}})
     assert r.status_code == 200, r.text
+
+
+def test_chat_logprobs_without_top_logprobs_gives_each_tokens_own_logprob(server, offline):
+    """OpenAI: `logprobs: true` alone returns each output token's logprob, with empty top_logprobs."""
+    expected = offline["chat"]
+    text = lambda t: offline["tokenizer"].decode([t], skip_special_tokens=False)
+    want = [(text(t), pytest.approx(e[t], abs=1e-5), []) for t, e in zip(expected.token_ids, expected.logprobs)]
+    assert len(want) == 2
+    client = server.openai()
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=2, temperature=0,
+                                           logprobs=True, extra_body={"ignore_eos": True})
+    assert reply.choices[0].logprobs is not None
+    content = reply.choices[0].logprobs.content
+    assert [(c.token, c.logprob, c.top_logprobs) for c in content] == want
+    chunks = [c for c in client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=2,
+                                                         temperature=0, logprobs=True, stream=True,
+                                                         extra_body={"ignore_eos": True}) if c.choices]
+    streamed = [c for ch in chunks if ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [(c.token, c.logprob, c.top_logprobs) for c in streamed] == want
