@@ -11,7 +11,7 @@ from tinyvllm.engine.args import add_engine_arguments, build_engine, engine_conf
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.evaluation.prompts import ANSWER_PREFIX
 from tinyvllm.evaluation.runner import MODES, EvalConfig, prepare_task, run_task, select
-from tinyvllm.evaluation.tasks import TASKS
+from tinyvllm.evaluation.tasks import GPQA_ORDERS, TASKS
 
 DEFAULT_OUT = "out/eval"
 
@@ -44,6 +44,10 @@ def add_arguments(p) -> None:
                    help=f"generative: the assistant's answer begins with this (default: {ANSWER_PREFIX!r}; '' = none)")
     p.add_argument("--no-special-tokens", dest="add_special_tokens", action="store_false",
                    help="loglikelihood: do not let the tokenizer add its BOS to prompts (lm-eval's HF default)")
+    p.add_argument("--gpqa-order", choices=GPQA_ORDERS, default=d.gpqa_order,
+                   help="GPQA's choice order: tinyvllm (a hash of each Record ID) or lm-eval (as lm-evaluation-"
+                        "harness's gpqa_diamond_zeroshot: random.seed(0), one shuffle per row), so per-question "
+                        "results line up with lm-eval runs (default: %(default)s)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help="results.json, items.csv, summary.txt, lengths_<task>.png (default: %(default)s)")
     p.add_argument("--no-plot", dest="plot", action="store_false", help="no PNG histograms even with matplotlib")
@@ -61,7 +65,7 @@ def config_from_args(args) -> EvalConfig:
     return EvalConfig(tasks=tasks, mode=args.mode, num_fewshot=args.num_fewshot, limit=args.limit,
                       subset=args.subset, seed=args.seed, max_context=args.max_context,
                       max_gen_tokens=args.max_gen_tokens, answer_prefix=args.answer_prefix,
-                      add_special_tokens=args.add_special_tokens)
+                      add_special_tokens=args.add_special_tokens, gpqa_order=args.gpqa_order)
 
 
 def run(args) -> int:

@@ -17,7 +17,7 @@ from tinyvllm.evaluation.progress import Progress
 from tinyvllm.evaluation.prompts import ANSWER_PREFIX, chat_messages, loglikelihood_prompt
 from tinyvllm.evaluation.scoring import ERROR, OK, TOO_LONG, UNPARSEABLE, ItemResult, best_choice, parse_answer_letter
 from tinyvllm.evaluation.subset import read_subset, select_subset, stratified_sample
-from tinyvllm.evaluation.tasks import TASKS, Question, mmlu_dev_by_subject
+from tinyvllm.evaluation.tasks import GPQA_ORDERS, TASKS, Question, load_gpqa_diamond, mmlu_dev_by_subject
 
 MODES = ("loglikelihood", "generative")
 MAX_FEWSHOT = 5  # MMLU's dev split has five questions per subject
@@ -35,6 +35,7 @@ class EvalConfig:
     max_gen_tokens: int = 16
     answer_prefix: str = ANSWER_PREFIX    # generative: begins the assistant's answer
     add_special_tokens: bool = True       # loglikelihood prompts get the tokenizer's BOS (as a served text prompt)
+    gpqa_order: str = "tinyvllm"          # GPQA's choice order: tasks.GPQA_ORDERS ("lm-eval": as gpqa_diamond_zeroshot)
 
     def __post_init__(self):
         def check(ok: bool, message: str) -> None:
@@ -48,6 +49,7 @@ class EvalConfig:
         check(not (self.limit and self.subset), "give --limit or --subset, not both")
         check(self.max_context >= 2, f"--max-context must be >= 2, got {self.max_context}")
         check(self.max_gen_tokens >= 1, f"--max-gen-tokens must be >= 1, got {self.max_gen_tokens}")
+        check(self.gpqa_order in GPQA_ORDERS, f"--gpqa-order must be one of {', '.join(GPQA_ORDERS)}, got {self.gpqa_order!r}")
 
     @property
     def stop(self) -> tuple[str, ...]:
@@ -81,7 +83,7 @@ class TaskRun:
 
 
 def prepare_task(task: str, config: EvalConfig, tokenizer) -> PreparedTask:
-    questions = TASKS[task]()
+    questions = load_gpqa_diamond(order=config.gpqa_order) if task == "gpqa_diamond" else TASKS[task]()
     notes = []
     k = config.num_fewshot if task == "mmlu" else 0
     if config.num_fewshot and task != "mmlu":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import random
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ LETTERS = "ABCD"
 GPQA_PASSWORD = b"deserted-untie-orchid"   # published by the authors with the data; it keeps crawlers out
 GPQA_MEMBER = "gpqa_diamond.jsonl"
 GPQA_SHUFFLE_SEED = "tinyvllm-gpqa-v1"      # with the Record ID: each question's choice order
+GPQA_ORDERS = ("tinyvllm", "lm-eval")     # how GPQA shows its choices: gpqa_choice_order, lm_eval_choice_orders
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,12 @@ def mmlu_dev_by_subject(data_dir: Path | None = None) -> dict[str, list[Question
     return by_subject
 
 
-def load_gpqa_diamond(data_dir: Path | None = None) -> list[Question]:
-    """The 198 GPQA-diamond questions, decrypted in memory, choices shuffled per Record ID."""
+def load_gpqa_diamond(data_dir: Path | None = None, order: str = "tinyvllm") -> list[Question]:
+    """The 198 GPQA-diamond questions, decrypted in memory, in the file's row order; the choices shuffled per
+    Record ID (order "tinyvllm": gpqa_choice_order), or as lm-evaluation-harness's gpqa_diamond_zeroshot shows
+    them (order "lm-eval": lm_eval_choice_orders), so per-question results line up with published lm-eval runs."""
+    if order not in GPQA_ORDERS:
+        raise TinyVLLMError(f"--gpqa-order must be one of {', '.join(GPQA_ORDERS)}, got {order!r}")
     path = (data_dir or DATA_DIR / "gpqa") / "gpqa_diamond.zip"
     try:
         with zipfile.ZipFile(path) as archive:
@@ -73,7 +79,9 @@ def load_gpqa_diamond(data_dir: Path | None = None) -> list[Question]:
     except (OSError, KeyError, RuntimeError, zipfile.BadZipFile) as e:
         raise TinyVLLMError(f"cannot read {GPQA_MEMBER} from {path}: {e}") from e
     questions = []
-    for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+    lines = raw.decode("utf-8").splitlines()
+    lm_eval_orders = lm_eval_choice_orders(len(lines)) if order == "lm-eval" else None
+    for n, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
             record_id, domain = row["id"], row["domain"]
@@ -81,10 +89,10 @@ def load_gpqa_diamond(data_dir: Path | None = None) -> list[Question]:
             text = row["question"]
         except (ValueError, KeyError, TypeError) as e:  # the message names the line, never its text
             raise TinyVLLMError(f"{path}!{GPQA_MEMBER}:{n}: malformed row ({type(e).__name__})") from None
-        order = gpqa_choice_order(record_id)
+        shown = gpqa_choice_order(record_id) if lm_eval_orders is None else lm_eval_orders[n - 1]
         given = [correct, *incorrect]
         questions.append(Question("gpqa_diamond", record_id, domain, text,
-                                  tuple(given[i] for i in order), order.index(0)))
+                                  tuple(given[i] for i in shown), shown.index(0)))
     return questions
 
 
@@ -95,6 +103,20 @@ def gpqa_choice_order(record_id: str) -> list[int]:
     def key(i: int) -> bytes:
         return hashlib.sha256(f"{GPQA_SHUFFLE_SEED}:{record_id}:{i}".encode()).digest()
     return sorted(range(4), key=key)
+
+
+def lm_eval_choice_orders(num_rows: int) -> list[list[int]]:
+    """The shown order of [correct, incorrect 1..3] for each of num_rows questions, as lm-evaluation-harness's
+    gpqa_diamond_zeroshot builds it: after random.seed(0), one random.shuffle of [incorrect 1, incorrect 2,
+    incorrect 3, correct] per row, in the dataset's row order. (A shuffle's draws do not depend on what it shuffles,
+    so shuffling the indices [1, 2, 3, 0] gives lm-eval's permutation.)"""
+    rng = random.Random(0)  # random.seed(0) seeds the module's Random instance the same way
+    orders = []
+    for _ in range(num_rows):
+        shown = [1, 2, 3, 0]
+        rng.shuffle(shown)
+        orders.append(shown)
+    return orders
 
 
 def _read_jsonl_gz(path: Path) -> list[dict]:
