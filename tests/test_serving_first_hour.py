@@ -42,3 +42,54 @@ def test_jsonl_default_id_never_collides_with_an_explicit_one(model):
     assert "reserved" in errors[0]["error"] and "line-N" in errors[0]["error"]
     assert set(results) == {2, "line-2", "line 4"}
     assert len(results[2]["token_ids"]) == 6 and len(results["line-2"]["token_ids"]) == 2
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    running = start_server(model)
+    yield running
+    running.stop()
+
+
+def post(server, path, body, **options) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=120, **options)
+
+
+# every integer or number field of the request bodies, each given as a string of a valid value (or a bool),
+# which pydantic's lax mode would have converted
+WRONG_NUMBERS = {"/v1/completions": {"max_tokens": "8", "temperature": "0", "top_p": "1", "top_k": "5", "seed": "1",
+                                     "min_tokens": "1", "stop_token_ids": ["2"], "n": "1", "frequency_penalty": "0",
+                                     "presence_penalty": "0", "logprobs": "1", "best_of": "1"},
+                 "/v1/chat/completions": {"max_tokens": True, "max_completion_tokens": "8", "temperature": "0.5",
+                                          "top_logprobs": "1", "seed": 1.0}}
+BASE = {"/v1/completions": {"prompt": "The sun rose"},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True}}
+
+
+@pytest.mark.parametrize("path, field, value", [(path, field, value) for path, fields in WRONG_NUMBERS.items()
+                                                for field, value in fields.items()])
+def test_a_number_of_the_wrong_type_is_a_400_naming_the_field(server, path, field, value):
+    reply = post(server, path, {**BASE[path], "max_tokens": 1, field: value})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and error["message"].startswith(field), error
+
+
+def test_the_same_fields_as_numbers_are_accepted(server):
+    numbers = {"/v1/completions": {"temperature": 0, "top_p": 1, "top_k": 5, "seed": 1, "min_tokens": 1,
+                                   "stop_token_ids": [2], "n": 1, "frequency_penalty": 0, "presence_penalty": 0.0,
+                                   "logprobs": 1, "best_of": 1},
+               "/v1/chat/completions": {"max_completion_tokens": 1, "temperature": 0.5, "top_logprobs": 1, "seed": 1}}
+    for path, fields in numbers.items():
+        body = {**BASE[path], **fields} | ({} if "max_completion_tokens" in fields else {"max_tokens": 1})
+        reply = post(server, path, body)
+        assert reply.status_code == 200, reply.text
+
+
+def test_jsonl_numbers_are_strict_too(model):
+    engine = LLMEngine(model, EngineConfig(**ENGINE_OPTIONS), log=quiet)
+    out = io.StringIO()
+    lines = [json.dumps({"id": "a", "prompt": "x", "max_tokens": "8"})]
+    assert jsonl_loop.run(EngineLoop(engine, log=quiet), lines, out, log=quiet) == 0
+    [record] = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert record["id"] == "a" and record["error"].startswith("max_tokens"), record

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError, model_validator
 from tinyvllm.serving.detokenizer import IncrementalDetokenizer
 from tinyvllm.serving.engine_loop import DuplicateRequestId, EngineLoop, LoopClosed, Update
 from tinyvllm.serving.inputs import RequestInputs
-from tinyvllm.serving.protocol import ApiError, ChatMessage, SamplingFields, TokenIds, validation_error
+from tinyvllm.serving.protocol import ApiError, ChatMessage, Int, SamplingFields, TokenIds, validation_error
 
 
 DEFAULT_ID = "line-{}"
@@ -38,7 +38,7 @@ class JsonlRequest(SamplingFields):
     id: str | int | None = None
     prompt: str | TokenIds | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self):

@@ -11,9 +11,15 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict as StrictType, field_validator, model_serializer, model_validator
 
 MAX_TOP_LOGPROBS = 20
+
+# Numbers in request bodies are strict, as the README promises: "8" or true for an integer is a 400 naming
+# the field (pydantic's lax mode would turn them into 8 and 1). A number may be given as an integer (1 for 1.0),
+# as JSON does not tell them apart.
+Int = Annotated[int, StrictType()]
+Number = Annotated[float, StrictType()]
 
 
 def _omitted_if_none(default=None):
@@ -28,13 +34,13 @@ class Strict(BaseModel):
 class SamplingFields(Strict):
     """The sampling fields every generation request takes (vLLM's names; top_k, min_tokens, stop_token_ids
     and ignore_eos are vLLM extensions, sent by the openai client through extra_body)."""
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    min_tokens: int = 0
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: Int | None = None
+    seed: Int | None = None
+    min_tokens: Int = 0
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int] | None = None
     ignore_eos: bool = False
 
 
@@ -51,14 +57,14 @@ class StreamOptions(Strict):
 class GenerationRequest(SamplingFields):
     """What completions and chat completions share."""
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    n: int = 1
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    n: Int = 1
+    frequency_penalty: Number = 0.0
+    presence_penalty: Number = 0.0
+    logit_bias: dict[str, Number] | None = None
     return_token_ids: bool = False          # vLLM extension: the token ids beside the text
 
     @field_validator("n")
@@ -87,14 +93,14 @@ class GenerationRequest(SamplingFields):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-TokenIds = Annotated[list[int], Field(min_length=1)]
+TokenIds = Annotated[list[Int], Field(min_length=1)]
 
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | TokenIds | list[TokenIds]
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    best_of: int | None = None
+    logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: Int | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -140,9 +146,9 @@ class ChatMessage(Strict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
@@ -172,7 +178,7 @@ class TokenizeRequest(Strict):
 
 class DetokenizeRequest(Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
 
 
 # ---- responses ------------------------------------------------------------------------------------
