@@ -93,3 +93,20 @@ def test_jsonl_numbers_are_strict_too(model):
     assert jsonl_loop.run(EngineLoop(engine, log=quiet), lines, out, log=quiet) == 0
     [record] = [json.loads(line) for line in out.getvalue().splitlines()]
     assert record["id"] == "a" and record["error"].startswith("max_tokens"), record
+
+
+def test_a_json_body_without_a_json_content_type_gets_a_message_naming_the_content_type(server):
+    # not read as JSON (a CSRF guard), but the message says why and what to send
+    body = json.dumps({"prompt": "The sun rose", "max_tokens": 1}).encode()
+    sent = {"application/x-www-form-urlencoded": "application/x-www-form-urlencoded",  # curl -d without -H
+            None: "without a Content-Type"}                                          # no header at all
+    for path in ("/v1/completions", "/tokenize"):
+        for content_type, named in sent.items():
+            headers = {} if content_type is None else {"Content-Type": content_type}
+            reply = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=120)
+            assert reply.status_code == 400, reply.text
+            message = reply.json()["error"]["message"]
+            assert named in message and "Content-Type: application/json" in message, message
+    reply = httpx.post(f"{server.url}/v1/completions", content=body, timeout=120,
+                       headers={"Content-Type": "application/json; charset=utf-8"})
+    assert reply.status_code == 200, reply.text

@@ -343,8 +343,9 @@ UNION_HINTS = {"prompt": "text, a list of texts, a list of token ids or a list o
                "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts"}
 
 
-def validation_error(errors) -> ApiError:
-    """A 400 naming the first invalid field (pydantic's errors; FastAPI puts "body" first in their locations)."""
+def validation_error(errors, content_type: str | None = None) -> ApiError:
+    """A 400 naming the first invalid field (pydantic's errors; FastAPI puts "body" first in their locations).
+    `content_type`: the request's, named when the body was not read as JSON because of it."""
     first = errors[0]
     loc = [part for part in first.get("loc", ()) if part != "body"]
     if first.get("type") == "json_invalid":
@@ -354,6 +355,10 @@ def validation_error(errors) -> ApiError:
         kind = first.get("type", "")
         if kind == "missing":
             return ApiError(400, "the body is missing: expected a JSON object")
+        if kind.endswith("_type") and isinstance(first.get("input"), (bytes, bytearray)):
+            # FastAPI reads a body as JSON only when the Content-Type header says so
+            sent = f"as Content-Type: {content_type}" if content_type else "without a Content-Type header"
+            return ApiError(400, f"the body was sent {sent}; send JSON with Content-Type: application/json")
         if kind.endswith("_type"):
             return ApiError(400, f"the body must be a JSON object, got {type(first.get('input')).__name__}")
         return ApiError(400, message)
