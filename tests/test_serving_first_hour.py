@@ -5,6 +5,8 @@ Over real HTTP on localhost (tests/serving_helpers.py), on the demo model in the
 """
 import io
 import json
+import threading
+import time
 
 import pytest
 
@@ -12,6 +14,7 @@ from tests.references import require
 require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
 import httpx  # noqa: E402  (installed with openai)
 
+from tinyvllm import SamplingParams  # noqa: E402
 from tinyvllm.engine.engine import EngineConfig, LLMEngine  # noqa: E402
 from tinyvllm.model.loader import load_model  # noqa: E402
 from tinyvllm.serving import jsonl_loop  # noqa: E402
@@ -110,3 +113,29 @@ def test_a_json_body_without_a_json_content_type_gets_a_message_naming_the_conte
     reply = httpx.post(f"{server.url}/v1/completions", content=body, timeout=120,
                        headers={"Content-Type": "application/json; charset=utf-8"})
     assert reply.status_code == 200, reply.text
+
+
+def prometheus_value(server, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
+
+
+def test_clients_404_405_and_400_are_counted_apart_from_the_engines_errors(server):
+    before = server.wait_idle()
+    assert httpx.get(f"{server.url}/no/such/page", timeout=30).status_code == 404
+    assert httpx.post(f"{server.url}/v1/no-such-route", json={}, timeout=30).status_code == 404
+    assert httpx.get(f"{server.url}/v1/completions", timeout=30).status_code == 405
+    assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": -1}).status_code == 400
+    # and one request the engine fails (a token id outside the vocabulary, past the HTTP checks)
+    failed = threading.Event()
+    server.engine_loop.submit([10 ** 9], SamplingParams(max_tokens=1), lambda updates: failed.set(), block=True)
+    assert failed.wait(60)
+    deadline = time.monotonic() + 30  # the stats hear of a step just after its requests' sinks
+    while (state := server.wait_idle())["requests_finished"]["error"] == before["requests_finished"]["error"]:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    assert state["http_errors"] == {"4xx": before["http_errors"]["4xx"] + 4, "5xx": before["http_errors"]["5xx"]}
+    # "errors" is the engine's: one more, none for the clients' mistakes, and the count Prometheus gives
+    assert state["errors"] == before["errors"] + 1 == state["requests_finished"]["error"]
+    assert state["errors"] == prometheus_value(server, "tinyvllm:request_errors_total")
