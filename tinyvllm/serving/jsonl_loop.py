@@ -10,9 +10,10 @@
 A request runs as soon as its line is read, batched with the ones in flight (continuous batching);
 results come in the order requests finish. Sampling fields are the HTTP API's (temperature, top_p,
 top_k, seed, max_tokens, min_tokens, stop, stop_token_ids, ignore_eos), checked the same way. "id" is
-optional: a line without one is "line-N" (N its line number, from 1), a namespace of its own so that it never
-collides with an explicit id (an explicit string of that form is refused). At EOF the loop drains what is in flight and exits 0; SIGINT / SIGTERM
-stop reading and abort what has not finished within the shutdown timeout. Logs go to stderr only.
+optional: a line without one is "line-N" (N its line number, from 1), a namespace of its own so that it
+never collides with an explicit id (an explicit string of that form is refused). At EOF the loop drains
+what is in flight and exits 0; SIGINT / SIGTERM stop reading and abort what has not finished within the
+shutdown timeout. Logs go to stderr only.
 """
 from __future__ import annotations
 

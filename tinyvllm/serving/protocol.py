@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict as StrictType, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import Strict as StrictType
 
 MAX_TOP_LOGPROBS = 20
 
