@@ -1,7 +1,8 @@
 """The serving edges a first hour hit (issue 26): the JSONL loop's default ids, strict numbers in request
 bodies, a JSON body sent without a JSON Content-Type, and client errors counted apart from the engine's.
 
-Over real HTTP on localhost (tests/serving_helpers.py), on the demo model in the simulator.
+The HTTP ones over real HTTP on localhost (tests/serving_helpers.py); the JSONL ones through
+jsonl_loop.run in this process (stdin / stdout, no HTTP there); all on the demo model in the simulator.
 """
 import io
 import json
