@@ -103,8 +103,8 @@ def test_jsonl_loop_answers_every_line_streams_deltas_and_exits_0_at_eof():
     assert errors[6]["id"] == "c" and "unknown field 'temprature'" in errors[6]["error"]
     assert len(errors) == 4
     results = {r["id"]: r for r in records if r.get("finished")}
-    assert set(results) == {"a", 4}
-    for key, expected in zip(["a", 4], offline):
+    assert set(results) == {"a", "line-4"}   # line 4 has no id
+    for key, expected in zip(["a", "line-4"], offline):
         result = results[key]
         assert (result["token_ids"], result["text"], result["finish_reason"]) == (expected.token_ids, expected.text,
                                                                                   "length")

@@ -168,6 +168,7 @@ def test_a_completion_streams_the_offline_greedy_continuation(driver, server, of
 def test_the_servers_error_is_shown_and_counted(driver, server):
     open_page(driver, server)
     errors = int(by_id(driver, "state-errors").text)
+    client_errors = int(by_id(driver, "state-http-errors").text.split(" / ")[0])
     type_into(driver, "max-tokens", "100000")
     type_into(driver, "prompt", "Hello")
     by_id(driver, "send").click()
@@ -175,7 +176,9 @@ def test_the_servers_error_is_shown_and_counted(driver, server):
     message = by_id(driver, "error").text
     assert message.startswith("400: ") and "max_tokens" in message, message
     assert by_id(driver, "send").is_enabled() and not by_id(driver, "stop").is_enabled()
-    wait_for(driver, lambda: by_id(driver, "state-errors").text == str(errors + 1), "the panel's error count", 10)
+    wait_for(driver, lambda: by_id(driver, "state-http-errors").text.split(" / ")[0] == str(client_errors + 1),
+             "the panel's client error count", 10)
+    assert by_id(driver, "state-errors").text == str(errors)  # a client's 400 is not an engine error
 
 
 def test_stop_aborts_the_streaming_request_and_frees_its_kv_blocks(driver, server):

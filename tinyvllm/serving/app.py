@@ -7,9 +7,12 @@
     GET /         `static_dir`/index.html (the web page; its files under /static/), if given; else a JSON index
 
 Every error is {"error": {"message", "type", "param", "code"}}: a body that is not JSON, a field of the
-wrong type or value, an unknown field: 400 naming it; an unknown model: 404; a full queue: 503 with
-Retry-After. A bug of ours is a 500 whose message names the exception, never a traceback (that goes to
-the server's log).
+wrong type or value, an unknown field: 400 naming it; a body sent without Content-Type: application/json:
+400 naming what it came with and what to send. Such a body is not read as JSON on purpose (FastAPI's
+strict_content_type): browsers send a POST without a Content-Type, or with a form's or text/plain, across
+origins without a CORS preflight, so any web page could make a local server generate. An unknown model:
+404; a full queue: 503 with Retry-After. A bug of ours is a 500 whose message names the exception, never
+a traceback (that goes to the server's log).
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def create_app(ctx: ServingContext, static_dir: str | Path | None = None) -> Fas
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, e: RequestValidationError):
-        return error(validation_error(e.errors()))
+        return error(validation_error(e.errors(), request.headers.get("content-type")))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):

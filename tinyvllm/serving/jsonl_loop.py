@@ -9,13 +9,16 @@
 
 A request runs as soon as its line is read, batched with the ones in flight (continuous batching);
 results come in the order requests finish. Sampling fields are the HTTP API's (temperature, top_p,
-top_k, seed, max_tokens, min_tokens, stop, stop_token_ids, ignore_eos), checked the same way; "id"
-defaults to the line number. At EOF the loop drains what is in flight and exits 0; SIGINT / SIGTERM
-stop reading and abort what has not finished within the shutdown timeout. Logs go to stderr only.
+top_k, seed, max_tokens, min_tokens, stop, stop_token_ids, ignore_eos), checked the same way. "id" is
+optional: a line without one is "line-N" (N its line number, from 1), a namespace of its own so that it
+never collides with an explicit id (an explicit string of that form is refused). At EOF the loop drains
+what is in flight and exits 0; SIGINT / SIGTERM stop reading and abort what has not finished within the
+shutdown timeout. Logs go to stderr only.
 """
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 from typing import Iterable, TextIO
@@ -25,14 +28,18 @@ from pydantic import Field, ValidationError, model_validator
 from tinyvllm.serving.detokenizer import IncrementalDetokenizer
 from tinyvllm.serving.engine_loop import DuplicateRequestId, EngineLoop, LoopClosed, Update
 from tinyvllm.serving.inputs import RequestInputs
-from tinyvllm.serving.protocol import ApiError, ChatMessage, SamplingFields, TokenIds, validation_error
+from tinyvllm.serving.protocol import ApiError, ChatMessage, Int, SamplingFields, TokenIds, validation_error
+
+
+DEFAULT_ID = "line-{}"
+_DEFAULT_ID_FORM = re.compile(r"line-[0-9]+")
 
 
 class JsonlRequest(SamplingFields):
     id: str | int | None = None
     prompt: str | TokenIds | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self):
@@ -142,7 +149,8 @@ def _submit(line: str, n: int, engine_loop: EngineLoop, inputs: RequestInputs, w
         return writer.error(None, n, f"not JSON: {e.msg} at column {e.colno}")
     if not isinstance(obj, dict):
         return writer.error(None, n, f"expected a JSON object, got {type(obj).__name__}")
-    user_id = obj.get("id", n)
+    default_id = DEFAULT_ID.format(n)
+    user_id = obj.get("id", default_id)
     try:
         request = JsonlRequest.model_validate(obj)
         prompt_text, ids = inputs.prepare_prompt(request.engine_prompt(),
@@ -152,7 +160,10 @@ def _submit(line: str, n: int, engine_loop: EngineLoop, inputs: RequestInputs, w
         return writer.error(user_id if isinstance(user_id, (str, int)) else None, n, validation_error(e.errors()).message)
     except ApiError as e:
         return writer.error(user_id, n, e.message)
-    user_id = request.id if request.id is not None else n
+    user_id = request.id if request.id is not None else default_id
+    if request.id is not None and isinstance(request.id, str) and _DEFAULT_ID_FORM.fullmatch(request.id):
+        return writer.error(user_id, n, f'id {user_id!r}: ids of the form "line-N" are reserved for lines '
+                                        f'without an id')
     if writer.in_flight(user_id):
         return writer.error(user_id, n, f"id {user_id!r} is already in flight")
     request_id = f"line-{n}"

@@ -66,7 +66,6 @@ class LiveStats:
         with self._lock:
             self._trim(time.perf_counter())
             window_tokens = sum(n for _, n in self._tokens)
-            errors = self.finished.get("error", 0) + self.http_errors["4xx"] + self.http_errors["5xx"]
             return {
                 "model": model_name,
                 "uptime_s": round(uptime_s, 3),
@@ -82,7 +81,8 @@ class LiveStats:
                                           if state.prefix_query_tokens else None),
                 "requests_finished": dict(self.finished),
                 "http_errors": dict(self.http_errors),
-                "errors": errors,
+                # the engine's failures only (Prometheus' request_errors_total): a client's 404 is not one
+                "errors": self.finished.get("error", 0),
                 "prompt_tokens_total": self.prompt_tokens,
                 "output_tokens_total": self.output_tokens,
                 "output_tokens_per_s": round(window_tokens / self.window_seconds, 3),

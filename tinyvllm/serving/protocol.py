@@ -12,8 +12,15 @@ import time
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import Strict as StrictType
 
 MAX_TOP_LOGPROBS = 20
+
+# Numbers in request bodies are strict, as the README promises: "8" or true for an integer is a 400 naming
+# the field (pydantic's lax mode would turn them into 8 and 1). A number may be given as an integer (1 for 1.0),
+# as JSON does not tell them apart.
+Int = Annotated[int, StrictType()]
+Number = Annotated[float, StrictType()]
 
 
 def _omitted_if_none(default=None):
@@ -28,13 +35,13 @@ class Strict(BaseModel):
 class SamplingFields(Strict):
     """The sampling fields every generation request takes (vLLM's names; top_k, min_tokens, stop_token_ids
     and ignore_eos are vLLM extensions, sent by the openai client through extra_body)."""
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    min_tokens: int = 0
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: Int | None = None
+    seed: Int | None = None
+    min_tokens: Int = 0
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int] | None = None
     ignore_eos: bool = False
 
 
@@ -51,14 +58,14 @@ class StreamOptions(Strict):
 class GenerationRequest(SamplingFields):
     """What completions and chat completions share."""
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    n: int = 1
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    n: Int = 1
+    frequency_penalty: Number = 0.0
+    presence_penalty: Number = 0.0
+    logit_bias: dict[str, Number] | None = None
     return_token_ids: bool = False          # vLLM extension: the token ids beside the text
 
     @field_validator("n")
@@ -87,14 +94,14 @@ class GenerationRequest(SamplingFields):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-TokenIds = Annotated[list[int], Field(min_length=1)]
+TokenIds = Annotated[list[Int], Field(min_length=1)]
 
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | TokenIds | list[TokenIds]
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    best_of: int | None = None
+    logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: Int | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -140,9 +147,9 @@ class ChatMessage(Strict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
@@ -172,7 +179,7 @@ class TokenizeRequest(Strict):
 
 class DetokenizeRequest(Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
 
 
 # ---- responses ------------------------------------------------------------------------------------
@@ -337,8 +344,9 @@ UNION_HINTS = {"prompt": "text, a list of texts, a list of token ids or a list o
                "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts"}
 
 
-def validation_error(errors) -> ApiError:
-    """A 400 naming the first invalid field (pydantic's errors; FastAPI puts "body" first in their locations)."""
+def validation_error(errors, content_type: str | None = None) -> ApiError:
+    """A 400 naming the first invalid field (pydantic's errors; FastAPI puts "body" first in their locations).
+    `content_type`: the request's, named when the body was not read as JSON because of it."""
     first = errors[0]
     loc = [part for part in first.get("loc", ()) if part != "body"]
     if first.get("type") == "json_invalid":
@@ -348,6 +356,10 @@ def validation_error(errors) -> ApiError:
         kind = first.get("type", "")
         if kind == "missing":
             return ApiError(400, "the body is missing: expected a JSON object")
+        if kind.endswith("_type") and isinstance(first.get("input"), (bytes, bytearray)):
+            # FastAPI reads a body as JSON only when the Content-Type header says so
+            sent = f"as Content-Type: {content_type}" if content_type else "without a Content-Type header"
+            return ApiError(400, f"the body was sent {sent}; send JSON with Content-Type: application/json")
         if kind.endswith("_type"):
             return ApiError(400, f"the body must be a JSON object, got {type(first.get('input')).__name__}")
         return ApiError(400, message)

@@ -151,6 +151,9 @@ function renderState(s) {
   $("state-requests").title = Object.entries(finished).map(([k, v]) => `${k}: ${v}`).join(", ");
   $("state-errors").textContent = s.errors;
   $("state-errors").classList.toggle("bad", s.errors > 0);
+  const http = s.http_errors || {};
+  $("state-http-errors").textContent = `${http["4xx"]} / ${http["5xx"]}`;
+  $("state-http-errors").classList.toggle("bad", http["5xx"] > 0);  // a client's 4xx is not the server's fault
   $("state-updated").textContent = `updated ${new Date().toLocaleTimeString()} · ${s.steps} steps · up ${s.uptime_s.toFixed(0)} s`;
 }
 
