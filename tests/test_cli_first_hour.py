@@ -55,3 +55,31 @@ def test_the_docs_gguf_line_finds_the_file_without_importing_the_package(tmp_pat
     assert Path(shell.stdout).resolve() == gguf_file.resolve(), shell.stderr
 
 
+# ---- serve --port / --host ----
+
+@pytest.mark.parametrize("argv, named", [
+    (["--port", "99999"], "99999"), (["--port", "-1"], "-1"), (["--port", "http"], "'http'"),
+    (["--host", ""], "empty"), (["--host", "a b"], "'a b'"), (["--host", "a\0b"], "'a\\x00b'")])
+def test_serve_refuses_a_bad_port_or_host_in_one_line_before_anything_loads(capsys, monkeypatch, argv, named):
+    def listen(host, port):  # were a bad value let through, the test would otherwise go on to serve
+        raise AssertionError(f"{host!r}:{port} got past the command line")
+    monkeypatch.setattr("tinyvllm.cli.serve.listen", listen)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", *argv])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == ""
+    last = err.strip().splitlines()[-1]   # argparse: the usage line, then one line naming the problem
+    assert last.startswith(f"tinyvllm serve: error: argument {argv[0]}: ") and named in last, err
+    assert "internal error" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("port", ["0", "1", "8000", "65535"])
+def test_serve_accepts_every_port_from_0_to_65535(port):
+    assert parse_args(["serve", "--port", port]).port == int(port)
+
+
+def test_serve_passes_a_valid_host_through():
+    assert parse_args(["serve", "--host", "0.0.0.0"]).host == "0.0.0.0"
+    assert parse_args(["serve", "--host", "::1"]).host == "::1"
+
+
