@@ -83,3 +83,76 @@ def test_serve_passes_a_valid_host_through():
     assert parse_args(["serve", "--host", "::1"]).host == "::1"
 
 
+# ---- convert ----
+
+@pytest.fixture(scope="module")
+def small_gguf(tmp_path_factory) -> Path:
+    """A one-layer Llama GGUF with the demo model's tokenizer, written as llama.cpp's converter does."""
+    config = json.loads((DEMO_MODEL_DIR / "config.json").read_text())
+    config.update(num_hidden_layers=1, rope_scaling=None)
+    tok_config = json.loads((DEMO_MODEL_DIR / "tokenizer_config.json").read_text())
+    stored = byte_level_gguf_tokenizer(json.loads((DEMO_MODEL_DIR / "tokenizer.json").read_text()), "llama-bpe",
+                                       tok_config["bos_token"], tok_config["eos_token"], add_bos=True)
+    from tinyvllm.model.config import ModelConfig
+    from tinyvllm.model.weights import expected_tensor_shapes
+    rng = np.random.default_rng(26)
+    weights = {name: rng.standard_normal(shape).astype(np.float32)
+               for name, shape in expected_tensor_shapes(ModelConfig.from_dict(config)).items()}
+    path = tmp_path_factory.mktemp("gguf") / "small.gguf"
+    write_llama_gguf(path, config, weights, stored, "Q8_0")
+    return path
+
+
+OUTPUT_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_convert_writes_every_file_with_the_mode_the_umask_gives(capsys, tmp_path, small_gguf, umask):
+    previous = os.umask(umask)
+    try:
+        code, _, err = run(capsys, "convert", str(small_gguf), str(tmp_path / "hf"))
+    finally:
+        os.umask(previous)
+    assert code == 0, err
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert modes == {name: 0o666 & ~umask for name in OUTPUT_FILES}
+
+
+def test_convert_refuses_a_non_empty_output_directory_unless_forced(capsys, tmp_path, small_gguf):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, _, err = run(capsys, "convert", str(small_gguf), str(out))
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {out}: ") and "not empty" in err and "--force" in err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    code, _, err = run(capsys, "convert", str(small_gguf), str(out), "--force")
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES + ["notes.txt"])
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_convert_writes_into_an_existing_empty_directory(capsys, tmp_path, small_gguf):
+    (tmp_path / "hf").mkdir()
+    code, _, err = run(capsys, "convert", str(small_gguf), str(tmp_path / "hf"))
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == OUTPUT_FILES
+
+
+def test_convert_refuses_an_output_path_that_is_a_file(capsys, tmp_path, small_gguf):
+    (tmp_path / "hf").write_text("")
+    code, _, err = run(capsys, "convert", str(small_gguf), str(tmp_path / "hf"))
+    assert code == 1 and err == f"error: {tmp_path / 'hf'}: exists and is not a directory\n"
+
+
+def test_convert_says_a_missing_input_does_not_exist(capsys, tmp_path):
+    missing = tmp_path / "nope.gguf"
+    code, _, err = run(capsys, "convert", str(missing), str(tmp_path / "hf"))
+    assert code == 1 and err == f"error: no such file or directory: {missing}\n"
+    assert not (tmp_path / "hf").exists()
+
+
+def test_convert_still_says_a_directory_without_a_gguf_holds_none(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "convert", str(tmp_path / "empty"), str(tmp_path / "hf"))
