@@ -156,3 +156,41 @@ def test_convert_says_a_missing_input_does_not_exist(capsys, tmp_path):
 def test_convert_still_says_a_directory_without_a_gguf_holds_none(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "convert", str(tmp_path / "empty"), str(tmp_path / "hf"))
+    assert code == 1 and err == f"error: {tmp_path / 'empty'}: no GGUF file there\n"
+
+
+# ---- --version, "1 token" ----
+
+def test_version_prints_only_the_version_even_without_a_gpu(tmp_path):
+    """No GPU (the driver's path made unloadable) and NUMBA_ENABLE_CUDASIM unset: a command that runs a model
+    would print the simulator notice; --version runs none and prints one line on stdout, nothing on stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env.update(PYTHONPATH=str(ROOT), NUMBA_CUDA_DRIVER=str(tmp_path / "no-libcuda.so"))
+    done = subprocess.run([sys.executable, "-m", "tinyvllm.cli", "--version"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert re.fullmatch(r"tinyvllm \d+\.\d+\.\d+\S*\n", done.stdout), done.stdout
+
+
+def test_the_no_gpu_notice_shows_up_where_the_version_test_looks():
+    """The version test's set-up does produce the notice once the kernels load (else it could pass vacuously)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env.update(PYTHONPATH=str(ROOT), NUMBA_CUDA_DRIVER="/nonexistent/libcuda.so")
+    done = subprocess.run([sys.executable, "-c", "import kernels_numba.common"], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0 and "no CUDA GPU found" in done.stderr, done.stderr
+
+
+def test_generate_says_1_token_and_2_tokens(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(
+        '{"prompt": "The sun", "max_tokens": 1}\n{"prompt": "A dog", "max_tokens": 2}\n'))
+    code, out, err = run(capsys, "generate", "--prompts-file", "-", "--quiet-metrics", "--ignore-eos")
+    assert code == 0, err
+    assert out.count("  (1 token, length)\n") == 1 and out.count("  (2 tokens, length)\n") == 1, out
+
+
+def test_generate_stream_says_1_token(capsys):
+    code, out, err = run(capsys, "generate", "--prompt", "The sun", "--stream", "--max-tokens", "1",
+                         "--quiet-metrics", "--ignore-eos")
+    assert code == 0, err
+    assert out.endswith("\n    (1 token, length)\n"), out
