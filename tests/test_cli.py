@@ -25,7 +25,7 @@ def test_generate_chat_wraps_the_prompt_in_the_template(capsys, tmp_path):
     code, out, err = run(capsys, "generate", "--chat", "--system", "Be brief.", "--prompt", "Hi", "--max-tokens", "1",
                          "--metrics-json", str(metrics))
     assert code == 0, err
-    assert "[0] 'Hi'" in out and "(1 tokens" in out
+    assert "[0] 'Hi'" in out and "(1 token," in out
     prompt = json.loads(metrics.read_text())["requests"][0]["prompt"]   # what the engine ran, as text
     assert prompt.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
     assert "Be brief.<|eot_id|>" in prompt and prompt.endswith(
@@ -55,7 +55,7 @@ def test_a_prompt_longer_than_the_context_is_reported_and_the_rest_run(capsys):
     code, out, err = run(capsys, "generate", "--prompt", "The sun rose over the town", "--prompt", "Hi",
                          "--max-tokens", "1", "--max-model-len", "4")
     assert code == 1
-    assert "error: prompt has" in out and "(1 tokens, length)" in out
+    assert "error: prompt has" in out and "(1 token, length)" in out
 
 
 def test_jsonl_requests_with_their_own_sampling_and_a_metrics_file(capsys, tmp_path):
@@ -65,7 +65,7 @@ def test_jsonl_requests_with_their_own_sampling_and_a_metrics_file(capsys, tmp_p
     metrics = tmp_path / "metrics.json"
     code, out, err = run(capsys, "generate", "--prompts-file", str(requests), "--metrics-json", str(metrics))
     assert code == 0, err
-    assert "(1 tokens, length)" in out and "(2 tokens, length)" in out
+    assert "(1 token, length)" in out and "(2 tokens, length)" in out
     import json
     summary = json.loads(metrics.read_text())
     assert summary["num_completed"] == 2 and summary["total_output_tokens"] == 3
@@ -114,7 +114,7 @@ def test_stdin_jsonl_bad_lines_are_reported_before_the_model_loads_and_the_rest_
     report = json.loads(metrics.read_text())
     texts = {r["source"]: r["text"] for r in report["requests"]}
     lines = out.splitlines()
-    assert lines[0] == "[0] 'The sun'" and lines[1] == f"    -> {texts['<stdin>:1']!r}  (1 tokens, length)"
+    assert lines[0] == "[0] 'The sun'" and lines[1] == f"    -> {texts['<stdin>:1']!r}  (1 token, length)"
     assert lines[2].startswith("[1] " + bad[0]) and lines[3] == "[2] 'Hi'"
     assert lines[4] == f"    -> {texts['<stdin>:3']!r}  (2 tokens, length)" and lines[5].startswith("[3] " + bad[1])
     assert [(r["source"], r["output_tokens"], r["prompt"]) for r in report["requests"]][0] == ("<stdin>:1", 1, "The sun")

@@ -67,7 +67,7 @@ def test_an_errored_request_shows_its_error_in_its_turn():
     stream.add("1", "[1] 'b'")
     stream.update(Out("1", "", [], True, "error", "prompt too long"))
     stream.update(Out("0", "x", [5], True, "length"))
-    assert out.getvalue() == "[0] 'a'\nx\n    (1 tokens, length)\n[1] 'b'\n    error: prompt too long\n"
+    assert out.getvalue() == "[0] 'a'\nx\n    (1 token, length)\n[1] 'b'\n    error: prompt too long\n"
 
 
 def test_progress_counts_tokens_against_the_budgets_and_ends_at_100_percent():

@@ -24,3 +24,8 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+
+def count(n: int, noun: str) -> str:
+    """'1 token', '2 tokens': a count with its noun in the singular or plural."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

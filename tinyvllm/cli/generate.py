@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from tinyvllm.cli.formatting import count
 from tinyvllm.cli.prompts_file import FORMATS, PromptSpec, read_prompt_specs
 from tinyvllm.engine.args import add_engine_arguments, build_engine
 from tinyvllm.errors import TinyVLLMError
@@ -131,7 +132,7 @@ def run(args) -> int:
         elif not args.stream:  # --stream printed it already
             print(f"[{i}] {_shown(spec.prompt)}")
             print(f"    error: {out.error}" if out.error else
-                  f"    -> {out.text!r}  ({len(out.token_ids)} tokens, {out.finish_reason})")
+                  f"    -> {out.text!r}  ({count(len(out.token_ids), 'token')}, {out.finish_reason})")
     summary = engine.metrics.summary()
     if not args.quiet_metrics:
         print(format_table(summary), file=sys.stderr)

@@ -8,6 +8,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from tinyvllm.cli.formatting import count
+
 BAR_WIDTH = 24
 
 
@@ -132,6 +134,6 @@ class OrderedStream:
             if o.error:
                 out.write(("\n" if s.printed else "") + f"    error: {o.error}\n")
             else:
-                out.write(("\n" if s.printed else "") + f"    ({len(o.token_ids)} tokens, {o.finish_reason})\n")
+                out.write(("\n" if s.printed else "") + f"    ({count(len(o.token_ids), 'token')}, {o.finish_reason})\n")
             self.cursor += 1
         out.flush()

@@ -8,6 +8,7 @@ rest, exit 0.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,8 +24,9 @@ DESCRIPTION = __doc__
 def add_arguments(p) -> None:
     add_engine_arguments(p)
     s = p.add_argument_group("server")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    s.add_argument("--port", type=int, default=8000, help="port (0: any free one; default: %(default)s)")
+    s.add_argument("--host", type=host, default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: every interface; default: %(default)s)")
+    s.add_argument("--port", type=port, default=8000, help="port, 1-65535 (0: any free one; default: %(default)s)")
     s.add_argument("--served-model-name", metavar="NAME",
                    help=f"the model's name in the API (default: the model directory's name, {DEMO_MODEL_NAME} "
                         "for the demo model)")
@@ -45,6 +47,27 @@ def add_arguments(p) -> None:
     j = p.add_argument_group("JSONL")
     j.add_argument("--jsonl", action="store_true", help="read requests from stdin, write results to stdout")
     j.add_argument("--stream", action="store_true", help="with --jsonl: also a line per token delta")
+
+
+def port(text: str) -> int:
+    """--port's value: a TCP port number, checked here because the socket's bind would raise OverflowError."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is out of range (1-65535, or 0 for any free port)")
+    return value
+
+
+def host(text: str) -> str:
+    """--host's value: a name or address. An empty one would silently listen on every interface, and a NUL
+    makes the socket raise TypeError; whether the name resolves is checked when the server binds."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty (use 0.0.0.0 to listen on every interface)")
+    if any(c.isspace() or c == "\0" for c in text):
+        raise argparse.ArgumentTypeError(f"not a host name or address: {text!r}")
+    return text
 
 
 def run(args) -> int:
