@@ -125,7 +125,7 @@ def main() -> int:
             logits = next(s for s in stages if s.stage == "logits")
             agree = greedy.agreeing_prefix
             step_tokens = {"alone": len(prompt_ids[p]), "decode step": 1}.get(mode, sum(map(len, prompt_ids)))
-            layer = "fused-GEMV" if engine.runner.fuses_norms(step_tokens) else "add_rmsnorm"
+            layer = "fused-GEMV" if engine.runner.forward_pass.fuses_norms(step_tokens) else "add_rmsnorm"
             all_ok &= passed == len(stages) and agree == len(greedy.golden)
             lines.append(f"| {mode} | {p} | {len(prompt_ids[p])} | {layer} | {passed}/{len(stages)} | {worst.stage} | "
                          f"{worst.max_rel:.2e} | {logits.max_rel:.2e} | {agree}/{len(greedy.golden)} |")

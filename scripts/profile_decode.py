@@ -30,7 +30,7 @@ def main():
                                                     max_num_seqs=max(batches), max_num_batched_tokens=16384,
                                                     cuda_graphs=True))
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
-    graphs = engine.decode_graphs
+    graphs = engine.runner.decode_graphs
     for batch in batches:
         vocab = engine.model.config.vocab_size
         ids = [engine.add_request([(1000 + i + j) % vocab for j in range(args.prompt_len)], params)
@@ -38,7 +38,7 @@ def main():
         while engine.scheduler.num_waiting or any(not engine.request(i).seq.output_token_ids for i in ids):
             engine.step()
         for mode in ("graph", "eager"):
-            engine.decode_graphs = graphs if mode == "graph" else None
+            engine.runner.decode_graphs = graphs if mode == "graph" else None
             for _ in range(3):  # warm-up: capture / compile
                 engine.step()
             cuda.synchronize()
@@ -63,7 +63,7 @@ def main():
         for i in ids:
             engine.abort_request(i)
         engine.step()
-    engine.decode_graphs = graphs
+    engine.runner.decode_graphs = graphs
     print(f"captured buckets: {graphs.captured_buckets}")
 
 

@@ -48,10 +48,10 @@ def prompt_batch(engine, lengths, rng, first_block: int):
 def check_logits(engine, lengths, rng) -> tuple[float, bool, int]:
     batch = prompt_batch(engine, lengths, rng, first_block=1)
     eager = engine.runner.forward(batch).copy_to_host()
-    graphed = engine.prefill_graphs.run(batch).copy_to_host()
+    graphed = engine.runner.prefill_graphs.run(batch).copy_to_host()
     diff = float(np.abs(graphed.astype(np.float64) - eager).max())
     same_argmax = bool((graphed.argmax(axis=1) == eager.argmax(axis=1)).all())
-    return diff, same_argmax and np.isfinite(eager).all(), engine.prefill_graphs.bucket_for(batch.num_tokens)
+    return diff, same_argmax and np.isfinite(eager).all(), engine.runner.prefill_graphs.bucket_for(batch.num_tokens)
 
 
 def timed_step(engine, tokens: int, rng) -> tuple[float, float]:
@@ -76,7 +76,7 @@ def timed_step(engine, tokens: int, rng) -> tuple[float, float]:
 def replay_seconds(engine, tokens: int, repeats: int) -> float:
     """GPU time of the bucket's graph replay alone (events around it), median."""
     from kernels_numba.common import cuda
-    step = engine.prefill_graphs._capture(engine.prefill_graphs.bucket_for(tokens))
+    step = engine.runner.prefill_graphs._capture(engine.runner.prefill_graphs.bucket_for(tokens))
     times = []
     for _ in range(repeats):
         start_event, end_event = cuda.event(), cuda.event()
@@ -106,7 +106,7 @@ def main():
                           max_num_seqs=8, num_blocks=2 * max(sizes) // 16 + 64, enable_prefix_caching=False,
                           prefill_graphs=True)
     engine = LLMEngine(model_dir, config, log=print)
-    graphs = engine.prefill_graphs
+    graphs = engine.runner.prefill_graphs
     rng = np.random.default_rng(0)
     failures = []
     print(f"\nlogits, graph vs eager (precision {engine.precision}):")
@@ -121,11 +121,11 @@ def main():
     for tokens in sizes:
         results = {}
         for mode in ("eager", "graph"):
-            engine.prefill_graphs = graphs if mode == "graph" else None
+            engine.runner.prefill_graphs = graphs if mode == "graph" else None
             timed_step(engine, tokens, rng)  # compile / capture
             runs = sorted(timed_step(engine, tokens, rng) for _ in range(args.repeats))
             results[mode] = runs[len(runs) // 2]
-        engine.prefill_graphs = graphs
+        engine.runner.prefill_graphs = graphs
         replay = replay_seconds(engine, tokens, args.repeats)
         (ew, eg), (gw, gg) = results["eager"], results["graph"]
         print(f"| {tokens} | {ew * 1e3:.1f} ms | {eg * 1e3:.1f} ms | {gw * 1e3:.1f} ms | {gg * 1e3:.1f} ms | "

@@ -45,6 +45,32 @@ class RunningServer:
             assert time.monotonic() < deadline, f"server not idle: {state}"
             time.sleep(0.05)
 
+    def disconnect_midway(self, path: str, body: dict, read_chunks: list[int]) -> list:
+        """One streaming client per entry of read_chunks, all at once: each reads that many `data: {` events of
+        `body` POSTed to `path`, then closes the connection mid-stream (0: right after the response headers).
+        Returns what went wrong in the clients, as (n, exception) pairs."""
+        errors = []
+
+        def run(n):
+            try:
+                with httpx.Client(timeout=120) as http, http.stream("POST", f"{self.url}{path}", json=body) as r:
+                    assert r.status_code == 200
+                    lines = r.iter_lines()
+                    got = 0
+                    while got < n:
+                        if next(lines).startswith("data: {"):
+                            got += 1
+                # leaving the block closes the connection mid-stream
+            except Exception as e:
+                errors.append((n, e))
+
+        threads = [threading.Thread(target=run, args=(n,)) for n in read_chunks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        return errors
+
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=60)

@@ -263,12 +263,12 @@ def test_kernels_workload_times_every_stage_against_its_useful_bytes_and_flops(t
     rows = results(tiny_run[2], "kernels")
     layers = config.num_hidden_layers
     # Stages whose output an earlier fused kernel produced are not rows. A step runs the fused-GEMV layer (norms in
-    # front of the projections, residual adds behind) where ModelRunner.fuses_norms says: on a GPU, the fp32 plan's
+    # front of the projections, residual adds behind) where ForwardPass.fuses_norms says: on a GPU, the fp32 plan's
     # steps of up to 32 tokens, the fast plan's up to FAST_GEMV_MAX_TOKENS; never in the simulator. Asked of a
     # runner of the bench's precision:
     runner = LLMEngine(model, EngineConfig(precision=tiny_run[2]["engine_config"]["precision"], num_blocks=16),
                        log=lambda message: None).runner
-    plan, fuses = runner.plan, runner.fuses_norms
+    plan, fuses = runner.plan, runner.forward_pass.fuses_norms
 
     plain = ["embedding", "input_norm", "q", "attn", "o_proj", "attn_residual", "mlp", "output", "logits"]
     fused = ["embedding", "input_norm", "attn", "o_proj", "post_norm", "mlp", "final_norm", "logits"]

@@ -46,7 +46,7 @@ def test_graph_engine_matches_eager_engine_greedy_and_seeded(model):
     graphed = graphed_engine.generate(PROMPTS, params)
     assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
     # 3 decodes ran padded to bucket 4, then 2 decodes in bucket 2 after the short request ended
-    assert graphed_engine.decode_graphs.captured_buckets == [2, 4]
+    assert graphed_engine.runner.decode_graphs.captured_buckets == [2, 4]
 
 
 def test_graph_engine_suppresses_stop_tokens_before_min_tokens(model):
@@ -65,12 +65,12 @@ def test_graph_engine_suppresses_stop_tokens_before_min_tokens(model):
 
 def _count_pipelined_launches(engine_: LLMEngine) -> list:
     """Wrap the engine's pipelined graph launches; returns a list that gets each launched batch's token ids."""
-    launched, launch = [], engine_.decode_graphs.launch
+    launched, launch = [], engine_.runner.decode_graphs.launch
 
     def counting(batch):
         launched.append(batch.token_ids.tolist())
         return launch(batch)
-    engine_.decode_graphs.launch = counting
+    engine_.runner.decode_graphs.launch = counting
     return launched
 
 

@@ -36,10 +36,10 @@ def test_fused_norm_layers_match_the_goldens_too(goldens):
     residual adds behind o_proj and down_proj: ModelRunner._fused_layers), forced on for every step here. One
     prompt: the simulator runs this layer's gemv_coalesced blocks with syncthreads, ~10x the plain gemv's time."""
     engine = quiet_engine()
-    engine.runner.fuse_norms = True
+    engine.runner.forward_pass.fuse_norms = True
     first_prompt_only = Goldens(goldens.path, goldens.meta, goldens.prompts[:1])
     report = check_goldens(engine, first_prompt_only)
-    assert engine.runner.fuses_norms(1) and len(report.stages) == 3 + 10 * engine.model.config.num_hidden_layers
+    assert engine.runner.forward_pass.fuses_norms(1) and len(report.stages) == 3 + 10 * engine.model.config.num_hidden_layers
     failures = [(s.prompt, s.stage, s.max_rel) for s in report.stages if not s.passed]
     assert not failures, failures
     assert all(g.passed and len(g.golden) >= 8 for g in report.greedy), report.greedy

@@ -189,8 +189,8 @@ def test_engine_with_prefill_graphs_matches_eager_tokens_and_logprobs(model):
 
     eager_engine, eager = run(False)
     graphed_engine, graphed = run(True)
-    assert eager_engine.prefill_graphs is None and eager_engine.decode_graphs is None
-    assert graphed_engine.prefill_graphs.captured_buckets == [10] and graphed_engine.decode_graphs.captured_buckets
+    assert eager_engine.runner.prefill_graphs is None and eager_engine.runner.decode_graphs is None
+    assert graphed_engine.runner.prefill_graphs.captured_buckets == [10] and graphed_engine.runner.decode_graphs.captured_buckets
     assert graphed == eager
 
 
@@ -205,11 +205,11 @@ def test_capture_graphs_takes_every_bucket_up_front_and_generation_then_captures
     logged = []
     eager_capture = LLMEngine(model, config, log=lambda message: None)
     eager_capture.capture_graphs(logged.append)
-    assert eager_capture.decode_graphs.captured_buckets == list(eager_capture.decode_graphs.buckets)
-    assert eager_capture.prefill_graphs.captured_buckets == list(eager_capture.prefill_graphs.buckets) == [16, 20]
+    assert eager_capture.runner.decode_graphs.captured_buckets == list(eager_capture.runner.decode_graphs.buckets)
+    assert eager_capture.runner.prefill_graphs.captured_buckets == list(eager_capture.runner.prefill_graphs.buckets) == [16, 20]
     assert [line.split()[1] for line in logged] == ["decode", "prefill"]
-    captured = {id(step) for graphs in (eager_capture.decode_graphs, eager_capture.prefill_graphs)
+    captured = {id(step) for graphs in (eager_capture.runner.decode_graphs, eager_capture.runner.prefill_graphs)
                 for step in graphs._captured.values()}
     assert [o.token_ids for o in eager_capture.generate(prompts, greedy)] == expected
-    assert captured == {id(step) for graphs in (eager_capture.decode_graphs, eager_capture.prefill_graphs)
+    assert captured == {id(step) for graphs in (eager_capture.runner.decode_graphs, eager_capture.runner.prefill_graphs)
                         for step in graphs._captured.values()}, "generation captured again"

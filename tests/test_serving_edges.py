@@ -3,7 +3,6 @@ each stream ends with `data: [DONE]`, a chat client that goes away frees its req
 unsupported `logit_bias` is a 400 naming it, and chat `logprobs: true` alone still gives each token's logprob.
 """
 import json
-import threading
 import time
 
 import pytest
@@ -70,27 +69,7 @@ def test_chat_clients_that_disconnect_midway_free_their_kv_blocks_soon(server, r
     body = {"model": MODEL_NAME, "messages": CHAT, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
             "stream": True}
     read_chunks = [0, 2, int(rng.integers(1, 4))]  # 0: gone right after the response headers
-    errors = []
-
-    def run(n):
-        try:
-            with httpx.Client(timeout=120) as http, \
-                    http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
-                assert r.status_code == 200
-                lines = r.iter_lines()
-                got = 0
-                while got < n:
-                    if next(lines).startswith("data: {"):
-                        got += 1
-            # leaving the block closes the connection mid-stream
-        except Exception as e:  # reported below
-            errors.append((n, e))
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in read_chunks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = server.disconnect_midway("/v1/chat/completions", body, read_chunks)
     assert not errors, errors
     gone = time.monotonic()
     state = server.wait_idle(timeout=15)

@@ -153,21 +153,8 @@ def test_clients_that_disconnect_midway_leave_no_kv_blocks_in_use(server, rng):
     body = {"model": MODEL_NAME, "prompt": PROMPTS[4], "max_tokens": 60, "temperature": 0, "ignore_eos": True,
             "stream": True}
     read_chunks = [0, 1, 2, int(rng.integers(1, 4))]  # 0: gone right after the response headers
-    def run(n):
-        with httpx.Client(timeout=120) as http, http.stream("POST", f"{server.url}/v1/completions", json=body) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            got = 0
-            while got < n:
-                if next(lines).startswith("data: {"):
-                    got += 1
-        # leaving the block closes the connection mid-stream
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in read_chunks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = server.disconnect_midway("/v1/completions", body, read_chunks)
+    assert not errors, errors
     state = server.wait_idle(timeout=60)
     assert state["requests_finished"]["abort"] == before + len(read_chunks)
     assert server.engine_loop.engine.block_manager.num_free_blocks == ENGINE_OPTIONS["num_blocks"]

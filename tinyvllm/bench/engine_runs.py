@@ -249,7 +249,7 @@ def bench_kernels(engines, w: Workloads, cfg, log) -> list[dict]:
             kernels[kind], counts[kind] = stage.kernel, counts.get(kind, 0) + 1
         batch = engine.last_batch
         costs = stage_costs(engine.model.config, batch, len(batch.logits_rows),
-                            fused=engine.runner.fuses_norms(batch.num_tokens),
+                            fused=engine.runner.forward_pass.fuses_norms(batch.num_tokens),
                             weight_bytes=engine.model.weights.embed_tokens.dtype.itemsize,
                             kv_element_bytes=engine.kv_pool.layer(0)[0].dtype.itemsize)
         for kind, elapsed in seconds.items():

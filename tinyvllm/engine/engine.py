@@ -34,11 +34,9 @@ from tinyvllm.engine.stop_checks import check_stop
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.log import log_to_stderr
 from tinyvllm.model.loader import LoadedModel, load_model
-from tinyvllm.runner.cuda_graphs import DecodeGraphs
 from tinyvllm.runner.inputs import ForwardBatch
 from tinyvllm.runner.model_runner import ModelRunner
 from tinyvllm.runner.stages import Stage, drain
-from tinyvllm.runner.prefill_graphs import PrefillGraphs
 from tinyvllm.runner.step import FED_BACK, StepResult
 
 __all__ = ["EngineConfig", "InvalidPrompt", "LLMEngine", "RequestOutput"]
@@ -147,24 +145,6 @@ class LLMEngine:
         for a measurement whose timed part must not include captures (and first compiles of tile shapes).
         Without CUDA graphs, nothing."""
         self.runner.capture_graphs(log)
-
-    @property
-    def decode_graphs(self) -> DecodeGraphs | None:
-        """The runner's captured decode steps (None: decode steps run eagerly)."""
-        return self.runner.decode_graphs
-
-    @decode_graphs.setter
-    def decode_graphs(self, graphs: DecodeGraphs | None) -> None:
-        self.runner.decode_graphs = graphs
-
-    @property
-    def prefill_graphs(self) -> PrefillGraphs | None:
-        """The runner's captured steps with prefill chunks (None: they run eagerly)."""
-        return self.runner.prefill_graphs
-
-    @prefill_graphs.setter
-    def prefill_graphs(self, graphs: PrefillGraphs | None) -> None:
-        self.runner.prefill_graphs = graphs
 
     @property
     def last_batch(self) -> ForwardBatch | None:

@@ -176,16 +176,3 @@ class ModelRunner:
         device_batch = upload(batch, self.plan, all_logits)
         logits = yield from self.forward_pass.device_forward_stages(device_batch, synchronize, wants_logits)
         return logits
-
-    @property
-    def fuse_norms(self) -> bool | None:
-        """Force the fused-GEMV layer on (True) or off (False) for every step; None: where the plan says."""
-        return self.forward_pass.fuse_norms
-
-    @fuse_norms.setter
-    def fuse_norms(self, value: bool | None) -> None:
-        self.forward_pass.fuse_norms = value
-
-    def fuses_norms(self, num_tokens: int) -> bool:
-        """Whether a step of num_tokens runs the fused-GEMV layer (ForwardPass.fuses_norms)."""
-        return self.forward_pass.fuses_norms(num_tokens)
