@@ -2,7 +2,8 @@
 driven by selenium, a tinyvllm server on a free localhost port, the simulator, the demo model).
 
 While a completion streams, the tok/s chart is redrawn with the tokens of the seconds that pass and the
-running chart shows the request; once it ends, the TTFT histogram holds one more request. The page loads
+running chart shows the request; once it ends, the TTFT histogram holds one more request and the series' tokens add up to the server's
+total. The page loads
 nothing from anywhere but the server it came from (it must work offline).
 """
 import re
@@ -75,6 +76,9 @@ def test_the_charts_follow_a_stream_and_the_ttft_histogram_counts_it(driver, ser
     assert running_raised > 0, "the running chart never showed the request"
     wait_for(driver, lambda: histogram_total(driver) == requests_before + 1, "the TTFT histogram's new request", 10)
     assert by_id(driver, "chart-ttft-now").text == f"{requests_before + 1} requests"
+    # the series the charts drew holds every token the server sampled (it is younger than the series' window)
+    wait_for(driver, lambda: sum(server.state()["series"]["output_tokens_per_s"]) == server.state()["output_tokens_total"],
+             "the series' tokens adding up to the server's", 10)
 
 
 def test_the_page_loads_nothing_from_another_origin(driver, server):
