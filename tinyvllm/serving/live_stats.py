@@ -127,7 +127,7 @@ class LiveStats:
             self._tokens.popleft()
 
     def snapshot(self, state: EngineState, model_name: str, uptime_s: float, in_flight: int) -> dict:
-        """The /state object (see the README's serving section for its fields)."""
+        """The /state object (docs/serving.md lists its fields)."""
         def ms(values) -> dict:
             ordered = sorted(values)
             at = lambda q: round(1000 * percentile(ordered, q), 3) if ordered else None
