@@ -192,3 +192,20 @@ def walk_step(engine, stages: bool = True) -> None:
             print(f"{stage.name:22s} {str(tuple(stage.output.shape)):12s} {stage.kernel}")
     for out in outputs:
         print(f"request {out.request_id}: token ids {out.token_ids}")
+
+
+def step_outputs(engine) -> dict[str, np.ndarray]:
+    """Run the engine's next step stage by stage; every stage's output, on the host, by stage name."""
+    run, outputs = engine.step_stages(), {}
+    while True:
+        try:
+            stage = next(run)
+        except StopIteration:
+            return outputs
+        outputs[stage.name] = stage.to_host()
+
+
+def rms(x: np.ndarray) -> np.ndarray:
+    """Each row's root mean square, sqrt(mean(x^2)), over its last axis."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.sqrt((x * x).mean(axis=-1))
