@@ -161,7 +161,8 @@ def batching_steps(requests: dict[str, tuple[int, int]], batching: str = "contin
         for seq in done:
             scheduler.finish(seq)
         finished = f"  -> {', '.join(names[s.seq_id] for s in done)} done" if done else ""
-        print(f"step {step:2d}: {output.num_batched_tokens:2d} tokens  {_step_line(output, names)}{finished}")
+        used = f"{output.num_batched_tokens} of {max_num_batched_tokens}"
+        print(f"step {step:2d} ({used:>7s} tokens): {_step_line(output, names)}{finished}")
 
 
 # ---- 20: the paged KV cache -----------------------------------------------------------------------------
