@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kernels_numba.common import SIMULATOR
 from tinyvllm.course import lessons as course
 from tinyvllm.course.check import (check_console, check_index, check_pycon, check_references, check_stages,
                                    load_problems)
@@ -64,6 +65,8 @@ def test_lesson_console_blocks_print_what_they_say(lesson):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not SIMULATOR, reason="the lessons show the simulator's kernels and numbers; their console "
+                    "commands run in it on any machine, their pycon blocks run in this process")
 @pytest.mark.parametrize("lesson", LESSONS, ids=lesson_id)
 def test_lesson_pycon_blocks_print_what_they_say(lesson):
     problems = check_pycon(lesson)
@@ -174,6 +177,7 @@ def test_a_lesson_off_the_format_is_reported_with_its_line(tmp_path):
         ("27-extra.md", "27-extra.md"), ("README.md", "the"), ("README.md", "the")]
 
 
+@pytest.mark.slow
 def test_the_check_command_names_the_problem_and_fails(tmp_path):
     lesson = write_lesson(tmp_path, "See `kernels_numba/embedding.py:embeding`.\n")
     run = subprocess.run([sys.executable, "-m", "tinyvllm.course.check", "--no-run", str(lesson.path)],
