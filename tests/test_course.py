@@ -189,7 +189,7 @@ def test_the_check_command_names_the_problem_and_fails(tmp_path):
 
 # ---- what the tour reads --------------------------------------------------------------------------
 def test_a_stage_finds_its_lesson_in_any_layer(tmp_path):
-    attn = write_lesson(tmp_path, "", name="14-attention.md", stage="layers.0.attn")
+    attn = write_lesson(tmp_path, "## What it computes\n\nScores.\n", name="14-attention.md", stage="layers.0.attn")
     norm = write_lesson(tmp_path, "", name="08-rmsnorm.md", stage="layers.1.input_norm")
     lessons = [norm, attn]
     assert lesson_for_stage("layers.0.attn", lessons) is attn
@@ -197,6 +197,7 @@ def test_a_stage_finds_its_lesson_in_any_layer(tmp_path):
     assert lessons_for_stage("layers.0.input_norm", lessons) == [norm]
     assert lesson_for_stage("logits", lessons) is None
     assert attn.number == 14 and attn.slug == "attention" and attn.title == "A lesson"
+    assert attn.body == "## What it computes\n\nScores.\n"
     assert [str(r) for r in attn.code] == ["kernels_numba/embedding.py:embedding"]
     assert attn.code[0].definition_line() == next(
         i for i, line in enumerate((ROOT / "kernels_numba/embedding.py").read_text().splitlines(), start=1)
