@@ -134,11 +134,13 @@ def test_a_console_command_that_opens_the_debugger_is_only_parsed(tmp_path):
         $ tinyvllm debug --max-tokens 2
         $ tinyvllm debug --no-such-flag
         $ python -m tinyvllm serve --port 70000
+        $ NUMBA_ENABLE_CUDASIM=1 tinyvllm debug --no-such-flag
         ```
         """)
     problems = check_console(lesson)
-    assert [p.line for p in problems] == [8, 9], problems_text(problems)
+    assert [p.line for p in problems] == [8, 9, 10], problems_text(problems)
     assert "--no-such-flag" in problems[0].message and "port" in problems[1].message
+    assert "--no-such-flag" in problems[2].message and "exit status" not in problems[2].message  # not run
 
 
 def test_a_pycon_block_with_the_wrong_output_or_an_error_is_reported(tmp_path):
