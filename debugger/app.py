@@ -63,6 +63,18 @@ def summarize(result) -> str:
     return f"stopped after {result.num_events} events{where}"
 
 
+def run_state(view: SessionView, feed) -> str:
+    """What the title says of the run as a whole ("" while it is under way): "done" only once it has ended."""
+    started = view.step > 0 or view.in_step
+    if feed is not None and feed.serves_forever:
+        return "waiting for requests" if view.idle else ""
+    if feed is not None and not feed.done:
+        return "" if started else f"replaying {feed.num_requests} requests"
+    if view.idle:
+        return "done" if started else "no requests: a adds one"
+    return "" if started else "ready"
+
+
 class DebuggerApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyvllm debugger"
@@ -148,7 +160,8 @@ class DebuggerApp(App):
         self.query_one(TimelinePanel).show(view.timeline)
         self.query_one(ProgressBar).update(total=view.stages_per_step, progress=view.stages_done)
         stage = f" · {view.stage.name}" if view.stage is not None and view.in_step else ""
-        self.sub_title = f"step {view.step}{stage}" + (" · done" if view.idle else "")
+        state = run_state(view, self.session.feed)
+        self.sub_title = f"step {view.step}{stage}" + (f" · {state}" if state else "")
 
     def set_status(self, text: str) -> None:
         # Text, not markup: "[id]" in a message is what the user should read

@@ -8,10 +8,11 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from debugger.app import DebuggerApp
-from debugger.session import Session, stage_names
+from debugger.session import Session, SessionOptions, stage_names
 from debugger.widgets.help_screen import HelpScreen
 from kernels_numba.bf16 import bf16_to_f32_ref
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 from tinyvllm.model.loader import default_model_dir, load_model
 from tinyvllm.model.weights import load_weights
@@ -257,3 +258,16 @@ def test_the_help_wraps_each_action_in_a_column_beside_its_key(width):
         assert not isinstance(app.screen, HelpScreen)
     drive(app, scenario, size=(width, 40))
 
+
+def test_the_title_says_done_only_once_the_run_has_ended():
+    engine = LLMEngine(None, EngineConfig(num_blocks=32, block_size=4), log=lambda message: None)
+    one_token = SessionOptions(SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    app = DebuggerApp(Session(engine, None, [[5, 6, 7]], one_token))
+
+    async def scenario(pilot):
+        assert app.sub_title == "step 0 · ready"
+        await press(pilot, "s")
+        assert "done" not in app.sub_title and "ready" not in app.sub_title
+        await press(pilot, "c")
+        assert app.sub_title == "step 1 · done"
+    drive(app, scenario)
