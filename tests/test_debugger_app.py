@@ -259,6 +259,28 @@ def test_the_help_wraps_each_action_in_a_column_beside_its_key(width):
     drive(app, scenario, size=(width, 40))
 
 
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_rejected_request_is_announced_with_its_whole_error_above_the_progress_bar(width):
+    app = make_app([PROMPT])
+    vocab = app.session.engine.model.config.vocab_size
+    bad = [vocab + i for i in range(5)]
+
+    async def scenario(pilot):
+        await press(pilot, "s")
+        await pilot.press("a", *str([5, *bad]), "enter")
+        await pilot.pause()
+        error = f"rejected request 1: token ids outside the vocabulary [0, {vocab}): {bad}"
+        screen = app.screen.region
+        status, progress = app.query_one("#status").region, app.query_one("#progress").region
+        assert screen.contains_region(status) and screen.contains_region(progress)
+        assert not status.overlaps(progress)
+        assert " ".join(" ".join(seen_in(app, status)).split()) == error     # all of it, wrapped
+        assert seen_in(app, progress)[0].split()[-1] == "4%"                # 1 of 23 stages, not cut off
+        assert "joins at the next" not in shown(app, "#status")
+        assert app.session.view().requests[1].state == "error"
+    drive(app, scenario, size=(width, 40))
+
+
 def test_the_title_says_done_only_once_the_run_has_ended():
     engine = LLMEngine(None, EngineConfig(num_blocks=32, block_size=4), log=lambda message: None)
     one_token = SessionOptions(SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
@@ -271,3 +293,24 @@ def test_the_title_says_done_only_once_the_run_has_ended():
         await press(pilot, "c")
         assert app.sub_title == "step 1 · done"
     drive(app, scenario)
+
+
+def test_below_100_by_30_a_warning_and_the_requests_blocks_status_and_keys_still_show():
+    app = make_app([PROMPT])
+
+    async def scenario(pilot):
+        await pilot.pause()
+        warning = app.query_one("#size-warning")
+        assert seen_in(app, warning.region)[0].strip() == (
+            "terminal is 80x24; the tensor and golden panels need at least 100x30")
+        assert not app.query_one("#inspector").display or not app.query_one("#middle").display
+        screen = app.screen.region
+        shown_regions = [app.query_one(s).region for s in ("#scheduler", "#blocks", "#timeline", "#status",
+                                                           "#progress", "Footer")]
+        assert all(r.area and screen.contains_region(r) for r in shown_regions), shown_regions
+        assert not any(a.overlaps(b) for i, a in enumerate(shown_regions) for b in shown_regions[i + 1:])
+        assert any("step" in line and "stage" in line for line in seen_in(app, shown_regions[-1]))  # the keys
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        assert not warning.display and app.query_one("#inspector").region.area
+    drive(app, scenario, size=(80, 24))
