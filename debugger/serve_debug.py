@@ -365,9 +365,8 @@ class ReplayFeed(Feed):
         return report
 
     def status(self) -> str:
-        n = len(self.queue.recording.requests)
         done = len(self.queue.finished)
-        return f"replaying {self.queue.recording.path}: {done}/{n} finished" + (" · v: report" if done else "")
+        return f"replaying {self.queue.recording.path}: {done}/{self.num_requests} finished" + (" · v: report" if done else "")
 
     def summary(self) -> str:
         report = self._report(finished_only=True)
