@@ -1,6 +1,9 @@
 """The simulator's up-front estimate (tinyvllm/runtime_estimate.py): what it counts, that it grows with the work
-and the model, that it is sane against a run it describes and when it is printed."""
+and the model, that it is sane against a run it describes, and when it is printed."""
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -82,3 +85,22 @@ def test_the_notice_is_for_long_simulator_work_only():
     assert [format_duration(s) for s in (0.2, 40, 89, 200, 5400, 9000)] == ["1 s", "40 s", "89 s", "3 min",
                                                                           "1.5 h", "2.5 h"]
 
+
+def _generate(*flags: str, **env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "generate", *flags], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ | {"NUMBA_ENABLE_CUDASIM": "1"} | env)
+
+
+def test_generate_prints_the_notice_before_long_work_starts():
+    """A run estimated at minutes (the demo model, 200 tokens): the notice comes before the first step, so the
+    test reads it and stops the run (at the latest at the first progress line, a second into the run)."""
+    process = _generate("--prompt", "The sun rose over the town", "--max-tokens", "200", "--ignore-eos",
+                        TINYVLLM_PROGRESS_EVERY_S="1")
+    try:
+        for line in process.stderr:
+            if line.startswith(("simulator: ", "generating [")):
+                break
+    finally:
+        process.kill()
+        process.wait()
+    assert line.startswith("simulator: about ") and "for 1 prompt x 200 tokens on this model" in line, line
