@@ -104,3 +104,19 @@ def test_generate_prints_the_notice_before_long_work_starts():
         process.kill()
         process.wait()
     assert line.startswith("simulator: about ") and "for 1 prompt x 200 tokens on this model" in line, line
+
+
+def test_eval_prints_the_notice_for_its_questions(tmp_path):
+    """`tinyvllm eval --limit 10` on the demo model: minutes of prefill (the run of issue 26 took 13); the notice
+    names the questions before the first step, and the test stops the run there."""
+    process = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "eval", "--limit", "10", "--out", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=os.environ | {"NUMBA_ENABLE_CUDASIM": "1", "TINYVLLM_PROGRESS_EVERY_S": "1"})
+    try:
+        for line in process.stderr:
+            if line.startswith(("simulator: ", "mmlu (")):
+                break
+    finally:
+        process.kill()
+        process.wait()
+    assert line.startswith("simulator: about ") and " min for 10 questions (mmlu, loglikelihood) on this model" in line
