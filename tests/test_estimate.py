@@ -120,3 +120,21 @@ def test_eval_prints_the_notice_for_its_questions(tmp_path):
         process.kill()
         process.wait()
     assert line.startswith("simulator: about ") and " min for 10 questions (mmlu, loglikelihood) on this model" in line
+
+
+def test_bench_prints_the_notice_for_its_capped_runs(tmp_path):
+    """A latency run of 100 tokens on the demo model (about 100 s) stopped at --max-seconds 40: the notice counts
+    the cap, and comes before the run (the test stops it there)."""
+    process = subprocess.Popen([sys.executable, "-m", "tinyvllm.cli", "bench", "--workload", "latency", "--no-warmup",
+                                "--latency-new-tokens", "100", "--max-seconds", "40", "--out", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=os.environ | {"NUMBA_ENABLE_CUDASIM": "1"})
+    try:
+        for line in process.stderr:
+            if line.startswith("simulator: ") or "] tinyvllm latency" in line:
+                break
+    finally:
+        process.kill()
+        process.wait()
+    assert line == ("simulator: about 40 s for 1 bench run of at most --max-seconds 40 each on this model (no GPU: "
+                    "numba's CUDA simulator runs each GPU thread as a Python thread; see README)\n"), line
