@@ -34,15 +34,16 @@ def log_interval(default: float) -> float:
 
 def eta_seconds(elapsed: float, fraction: float, estimate_s: float | None = None) -> float | None:
     """Seconds left after `elapsed` with `fraction` of the work done; None when unknown (nothing done and no
-    estimate, or past the estimate with nothing done)."""
+    estimate, or nothing done past the estimate). With an estimate, its share of the work left (at least what is
+    left of it) blended with the measured rate's, weighed by the fraction done."""
     if fraction >= 1.0:
         return 0.0
     measured = elapsed * (1.0 - fraction) / fraction if fraction > 0 else None
-    planned = estimate_s - elapsed if estimate_s is not None and estimate_s > elapsed else None
-    if planned is None:
+    if estimate_s is None:
         return measured
     if measured is None:
-        return planned
+        return estimate_s - elapsed if estimate_s > elapsed else None
+    planned = max(estimate_s - elapsed, estimate_s * (1.0 - fraction))
     return fraction * measured + (1.0 - fraction) * planned
 
 
@@ -51,7 +52,7 @@ def format_eta(elapsed: float, fraction: float, estimate_s: float | None = None)
     seconds = eta_seconds(elapsed, fraction, estimate_s)
     if seconds is None:
         return "eta ?"
-    estimated = fraction < 1.0 and estimate_s is not None and estimate_s > elapsed
+    estimated = fraction < 1.0 and estimate_s is not None
     s = round(seconds)
     clock = f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
     return f"eta {'~' if estimated else ''}{clock}"

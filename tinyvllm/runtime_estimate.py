@@ -15,12 +15,14 @@ few-shot prompts share prefixes, so those runs take less).
 
 Calibration: process CPU time of single steps (LLMEngine.step), fitted by least squares on relative error, on a
 2-core x86 machine: the demo model (hidden 64, intermediate 128, 2 layers, 4 heads of 16), a wide one (hidden 128,
-intermediate 384, 8 heads), a deep one (6 layers) and one with heads of 64; prefills of 12 to 80 tokens in batches of
-1 and 4, their decode steps, and demo prefills of 300 and 600 tokens (where attention dominates). Every one of the 36
-steps is within a factor of 1.45 of its estimate (0.75 to 1.43). CPU time, not wall time: the estimate is for an idle
-machine, and with other processes on the cores wall time was up to 4x the CPU time. Checked against a reported
-`tinyvllm eval --limit 10` on the demo model (799 s wall): estimated at 500 s (its questions' second answer token,
-a request of its own, is not counted).
+intermediate 384, 8 heads), a deep one (6 layers), one with heads of 64, and a bigger one (hidden 256, intermediate
+1024, 2M layer weights); prefills of 12 to 80 tokens in batches of 1 and 4, their decode steps, and demo prefills of
+300 and 600 tokens (where attention dominates). The 38 steps are within 0.71 to 1.57 of their estimates; the bigger
+model's come out high (1.3 to 1.6), so models far past the calibration (SmolLM2-135M: 106M layer weights) are likely
+overestimated, by up to ~2x. CPU time, not wall time: the estimate is for an idle machine, and with other processes
+on the cores wall time was up to 4x the CPU time. Checked against a reported `tinyvllm eval --limit 10` on the demo
+model (799 s wall): estimated at about 520 s (each question's second answer token, a request of its own, is not
+counted).
 """
 from __future__ import annotations
 
@@ -31,10 +33,10 @@ from dataclasses import dataclass
 from tinyvllm.model.config import ModelConfig
 
 # seconds per unit, fitted as the module docstring says
-LAUNCH_S = 1.0e-2
-WEIGHT_S = 5.3e-6
-MAC_S = 7.5e-7
-ATTENTION_S = 3.8e-6
+LAUNCH_S = 1.9e-2
+WEIGHT_S = 3.9e-6
+MAC_S = 7.2e-7
+ATTENTION_S = 4.3e-6
 
 KERNELS_PER_LAYER, KERNELS_PER_STEP = 9, 4   # forward.AddRMSNormLayer's; embedding, final norm, LM head, sampling
 GEMV_CHUNK = 32         # kernels_numba.matmul.MAX_GEMV_TOKENS in the simulator (not imported: no numba here)
