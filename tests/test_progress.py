@@ -27,7 +27,7 @@ def test_time_left_hands_over_from_the_estimate_to_the_measured_rate():
     assert eta_seconds(30, 0.0) is None                         # nothing done, no estimate (a GPU): unknown
     assert eta_seconds(130, 0.0, estimate_s=100) is None        # past the estimate with nothing done: unknown
     assert eta_seconds(30, 0.25) == 90                          # no estimate: the rate alone
-    assert eta_seconds(30, 0.25, estimate_s=100) == 0.25 * 90 + 0.75 * 75   # the rate trusted as far as the work is done
+    assert eta_seconds(30, 0.25, estimate_s=100) == 0.25 * 90 + 0.75 * 75  # the rate, trusted as the work gets done
     assert eta_seconds(130, 0.25, estimate_s=100) == 0.25 * 390 + 0.75 * 75  # past it: its share of the work left
     assert eta_seconds(30, 1.0, estimate_s=100) == 0
     assert [format_eta(30, 0.0, 100), format_eta(30, 0.25), format_eta(10, 0.0, 4000), format_eta(1, 0.0)] == [

@@ -40,7 +40,7 @@ ATTENTION_S = 4.3e-6
 
 KERNELS_PER_LAYER, KERNELS_PER_STEP = 9, 4   # forward.AddRMSNormLayer's; embedding, final norm, LM head, sampling
 GEMV_CHUNK = 32         # kernels_numba.matmul.MAX_GEMV_TOKENS in the simulator (not imported: no numba here)
-NOTICE_MIN_S = 30.0     # shorter work starts without a notice: the demo model's check-goldens (21 s), generate of 8 tokens
+NOTICE_MIN_S = 30.0     # shorter work starts quietly: the demo's check-goldens (21 s), generate of 8 tokens (8 s)
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,17 @@ def simulator_counts(c: ModelConfig, work: Work) -> SimulatorCounts:
         keys = sum(p * (p + 1) // 2 for p, _ in wave)
         rows = total_prompt if work.every_prompt_token_logits else len(wave)
         for i in range(chunks):  # the wave's prompt tokens, keys and sampled rows spread evenly over its chunks
-            share = lambda n: n * (i + 1) // chunks - n * i // chunks
-            add_step(counts, c, share(total_prompt), share(rows), share(keys))
+            add_step(counts, c, _share(total_prompt, i, chunks), _share(rows, i, chunks), _share(keys, i, chunks))
         for j in range(1, max((n for _, n in wave), default=1)):  # decode: the first new token came with the prefill
             running = [p for p, n in wave if n > j]
             # each running request's token at position p + j - 1 sees p + j keys
             add_step(counts, c, len(running), len(running), sum(p + j for p in running))
     return counts
+
+
+def _share(n: int, i: int, parts: int) -> int:
+    """Part i of n split into `parts` near-equal whole parts."""
+    return n * (i + 1) // parts - n * i // parts
 
 
 def estimate_seconds(c: ModelConfig, work: Work) -> float:
