@@ -73,7 +73,7 @@ def test_an_errored_request_shows_its_error_in_its_turn():
 def test_progress_counts_tokens_against_the_budgets_and_ends_at_100_percent():
     now = [0.0]
     log = Recorder()
-    bar = ProgressBar({"0": 4, "1": 4}, out=log, log_every=1.0, clock=lambda: now[0])
+    bar = ProgressBar({"0": 4, "1": 4}, out=log, log_every=1.0, clock=lambda: now[0], ticking=False)
     now[0] = 2.0
     bar.update(Out("0", "", [1, 2]))
     bar.update(Out("1", "", [1]))                   # within log_every of the last line: not written
@@ -82,13 +82,13 @@ def test_progress_counts_tokens_against_the_budgets_and_ends_at_100_percent():
     bar.close()
     lines = log.getvalue().splitlines()
     assert lines == [
-        "generating [######..................]  25% · 0/2 requests · 2 tokens · 1.0 tok/s · 2 s",
-        "generating [##################......]  75% · 1/2 requests · 3 tokens · 0.8 tok/s · 4 s"]  # close(): no repeat
+        "generating [######..................]  25% · 0/2 requests · 2 tokens · 1.0 tok/s · 2 s · eta 0:06",
+        "generating [##################......]  75% · 1/2 requests · 3 tokens · 0.8 tok/s · 4 s · eta 0:01"]  # no repeat
 
 
 def test_on_a_terminal_the_bar_redraws_one_line():
     term = Recorder(tty=True)
-    bar = ProgressBar({"0": 2}, out=term, clock=lambda: 1.0)
+    bar = ProgressBar({"0": 2}, out=term, clock=lambda: 1.0, ticking=False)
     bar.update(Out("0", "", [1, 2], True, "length"))
     bar.close()
     assert term.getvalue().count("\n") == 1 and term.getvalue().startswith("\rgenerating [")

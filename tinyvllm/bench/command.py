@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from tinyvllm.bench.config import BenchConfig, SIMULATOR_COPY_BYTES, command_line, config_from_args
+from tinyvllm.bench.config import BenchConfig, KERNEL_STEPS, SIMULATOR_COPY_BYTES, command_line, config_from_args
 from tinyvllm.bench.workloads import Workloads
 from tinyvllm.bench.engine_runs import EngineFactory, TINYVLLM_WORKLOADS, warm_up
 from tinyvllm.bench.hf_baseline import HFBaseline, HF_WORKLOADS, check_hf_available
@@ -49,6 +49,8 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
         enable_prefix_caching=cfg.enable_prefix_caching, kv_cache_dtype=cfg.kv_cache_dtype,
         precision=resolve_precision(cfg.precision, model.weights.embed_tokens.dtype))  # the report shows which ran
     workloads = Workloads.make(cfg, c.vocab_size, max_model_len)
+    if SIMULATOR and not cfg.hf_only:
+        _announce(c, engine_config, workloads, cfg)
     engines = EngineFactory(model, engine_config, log)
     if cfg.warmup and not cfg.hf_only:
         warm_up(engines, log)
@@ -93,3 +95,23 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
     print(format_report(report))
     log("wrote " + ", ".join(map(str, written)))
     return 1 if any(r.get("num_errored") for r in rows) else 0
+
+
+def _announce(model_config, engine_config, workloads: Workloads, cfg: BenchConfig) -> None:
+    """The simulator's notice for the selected workloads, each run at most --max-seconds (the prefill lengths share
+    one run; arrival times and the warm-up are not counted)."""
+    from tinyvllm.cli.formatting import count
+    from tinyvllm.runtime_estimate import Work, announce, estimate_seconds
+
+    def seconds(requests, new_tokens: int | None = None) -> float:
+        work = Work(tuple(len(r.prompt_ids) for r in requests),
+                    tuple(new_tokens or r.max_tokens for r in requests),
+                    engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
+        return min(estimate_seconds(model_config, work), cfg.max_seconds)
+    runs = {"latency": [seconds(workloads.latency)],
+            "prefill": [min(sum(seconds([r]) for rs in workloads.prefill.values() for r in rs), cfg.max_seconds)],
+            "throughput": [seconds(workloads.throughput)] * len(cfg.batching),
+            "serving": [seconds(workloads.serving)],
+            "kernels": [seconds(workloads.latency[:1], KERNEL_STEPS)]}
+    selected = [t for name in cfg.workloads for t in runs[name]]
+    announce(sum(selected), f"{count(len(selected), 'bench run')} of at most --max-seconds {cfg.max_seconds:g} each")

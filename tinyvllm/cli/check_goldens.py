@@ -25,6 +25,7 @@ def run(args) -> int:
     args.kv_cache_dtype = "float32"
     goldens = Goldens.load(args.goldens or DEFAULT_GOLDENS)
     engine = build_engine(args)
+    _announce(engine, goldens, check_greedy=not args.no_greedy)
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     print(f"goldens: {goldens.path} ({len(goldens.prompts)} prompts, source: {goldens.meta.get('source', '?')})")
     print(f"pass when max|ours - golden| / max|golden| <= {rtol:g}")
@@ -50,3 +51,15 @@ def run(args) -> int:
     first = report.first_failure
     print("FAIL" + (f": first failing stage is prompt {first.prompt} {first.stage}" if first else ": greedy tokens differ"))
     return 1
+
+
+def _announce(engine, goldens, check_greedy: bool) -> None:
+    """The simulator's notice for a long check: every golden prompt prefilled in one step with logits for every
+    row, then the greedy continuations (golden_check.check_goldens)."""
+    from tinyvllm.runtime_estimate import Work, announce, engine_estimate
+    new_tokens = max((len(g["greedy_ids"]) for g in goldens.prompts if "greedy_ids" in g), default=1)
+    prompts = tuple(len(g["input_ids"]) for g in goldens.prompts)
+    work = Work(prompts, ((new_tokens if check_greedy else 1),) * len(prompts), engine.config.max_num_seqs,
+                engine.config.max_num_batched_tokens, every_prompt_token_logits=True)
+    announce(engine_estimate(engine, work), f"{len(prompts)} golden prompts"
+             + (f" and {new_tokens} greedy tokens each" if check_greedy else ""))

@@ -81,7 +81,8 @@ def run(args) -> int:
         prepared.append(prepare_task(task, config, tokenizer))
         log(f"{task}: {len(prepared[-1].questions)} questions, prompts tokenized")
     selection = select(prepared, config)
-    runs = [run_task(p, selection[p.task], config, backend, tokenizer) for p in prepared]
+    estimates = _estimates(backend, prepared, selection, config)
+    runs = [run_task(p, selection[p.task], config, backend, tokenizer, estimates.get(p.task)) for p in prepared]
     from tinyvllm.evaluation.report import format_summary, task_summary, write_report
     report = {
         "format": "tinyvllm-eval/1",
@@ -125,6 +126,30 @@ def _backend(args, config: EvalConfig, log):
     info = {"dir": str(engine.model.model_dir), "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
             "vocab_size": c.vocab_size, "engine_config": dataclasses.asdict(engine.config)}
     return EngineBackend(engine), engine.tokenizer, info, config
+
+
+def _estimates(backend, prepared, selection: dict[str, list[int]], config: EvalConfig) -> dict[str, float]:
+    """Per task, the simulator's up-front estimate of its questions (none on a GPU or through a server); the
+    whole run's is printed when it is long. Each question is one request (loglikelihood: one new token; a
+    multi-token answer's deeper trie nodes are not counted) and prompts the context cap drops are left out."""
+    from tinyvllm.evaluation.backends import EngineBackend
+    from tinyvllm.runtime_estimate import Work, announce, engine_estimate
+    if not isinstance(backend, EngineBackend):
+        return {}
+    engine = backend.engine
+    new_tokens = config.max_gen_tokens if config.mode == "generative" else 1
+    estimates, questions = {}, 0
+    for p in prepared:
+        lengths = [n for n in (len(p.prompt_ids[i]) for i in selection[p.task])
+                   if n + new_tokens <= config.max_context]
+        work = Work(tuple(lengths), (new_tokens,) * len(lengths), engine.config.max_num_seqs,
+                    engine.config.max_num_batched_tokens)
+        estimates[p.task] = engine_estimate(engine, work)
+        questions += len(lengths)
+    if None in estimates.values():  # a GPU
+        return {}
+    announce(sum(estimates.values()), f"{questions} questions ({', '.join(estimates)}, {config.mode})")
+    return estimates
 
 
 def _command_line(args, config: EvalConfig) -> str:

@@ -10,6 +10,9 @@ from tinyvllm.cli.formatting import count
 from tinyvllm.cli.prompts_file import FORMATS, PromptSpec, read_prompt_specs
 from tinyvllm.engine.args import add_engine_arguments, build_engine
 from tinyvllm.errors import TinyVLLMError
+from tinyvllm.progress_timing import log_interval
+
+PROGRESS_EVERY_S = 5.0  # a progress line this often when stderr is not a terminal
 
 # The sampling flags' defaults: greedy. --use-generation-config lets the model's settings fill the flags
 # still at these values.
@@ -124,7 +127,8 @@ def run(args) -> int:
     print(f"generating for {len(good)} prompt(s)", file=sys.stderr)
     for spec in good:
         spec.request_id = engine.add_request(spec.prompt, spec.params)
-    final = _run_with_live_output(engine, args, specs)
+    estimate_s = _announce(engine, [spec.request_id for spec in good])
+    final = _run_with_live_output(engine, args, specs, estimate_s)
     for i, spec in enumerate(specs):
         out = final.get(spec.request_id)
         if spec.error is not None:
@@ -147,9 +151,22 @@ def run(args) -> int:
     return 1 if len(good) < len(specs) or any(o.error for o in final.values()) else 0
 
 
-def _run_with_live_output(engine, args, specs: list[PromptSpec]) -> dict:
+def _announce(engine, request_ids: list[str]) -> float | None:
+    """The simulator's up-front estimate of the run, printed when it is long (None on a GPU)."""
+    from tinyvllm.runtime_estimate import announce, engine_estimate, engine_work
+    work = engine_work(engine, request_ids)
+    seconds = engine_estimate(engine, work)
+    tokens = set(work.new_tokens)
+    what = (f"{count(len(work.new_tokens), 'prompt')} x {count(tokens.pop(), 'token')}" if len(tokens) == 1 else
+            f"{count(len(work.new_tokens), 'prompt')}, up to {count(sum(work.new_tokens), 'new token')}")
+    announce(seconds, what)
+    return seconds
+
+
+def _run_with_live_output(engine, args, specs: list[PromptSpec], estimate_s: float | None = None) -> dict:
     """Step the engine until every request has finished, feeding --stream and the progress bar; returns
-    request id -> final RequestOutput."""
+    request id -> final RequestOutput. Without --progress / --no-progress: a bar on a terminal, else lines every
+    few seconds once the run has taken that long (none with --stream, whose text shows the progress)."""
     from tinyvllm.cli.live_output import OrderedStream, ProgressBar
     good = [spec for spec in specs if spec.error is None]
     listeners = []
@@ -159,17 +176,23 @@ def _run_with_live_output(engine, args, specs: list[PromptSpec]) -> dict:
             if spec.error is None:
                 stream.add(spec.request_id, f"[{i}] {_shown(spec.prompt)}", spec.params.stop)
         listeners.append(stream.update)
-    show_progress = args.progress if args.progress is not None else sys.stderr.isatty() and not args.stream
-    progress = ProgressBar({spec.request_id: spec.params.max_tokens for spec in good}) if show_progress else None
+    show_progress = args.progress if args.progress is not None else not args.stream
+    progress = None
+    if show_progress:
+        progress = ProgressBar({spec.request_id: spec.params.max_tokens for spec in good},
+                               log_every=log_interval(PROGRESS_EVERY_S), estimate_s=estimate_s,
+                               final_line=args.progress is not None or sys.stderr.isatty())
     if progress:
         listeners.append(progress.update)
     final = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            for listen in listeners:
-                listen(out)
-            if out.finished:
-                final[out.request_id] = out
-    if progress:
-        progress.close()
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                for listen in listeners:
+                    listen(out)
+                if out.finished:
+                    final[out.request_id] = out
+    finally:
+        if progress:
+            progress.close()
     return final

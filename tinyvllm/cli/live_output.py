@@ -5,21 +5,26 @@ Both are fed every RequestOutput the engine streams (LLMEngine.generate's `on_ou
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
 from tinyvllm.cli.formatting import count
+from tinyvllm.progress_timing import Ticker, format_eta
 
 BAR_WIDTH = 24
 
 
 class ProgressBar:
-    """One status line: requests done, tokens, tok/s, elapsed. On a terminal it is redrawn in place (at most
-    10 times a second); elsewhere (a log file) a new line is written at most once every `log_every` seconds.
-    The bar counts tokens against each request's max_tokens, a finished request counting in full, so it
-    ends at 100 % even when requests stop early."""
+    """One status line: requests done, tokens, tok/s, elapsed, time left. On a terminal it is redrawn in place (at
+    most 10 times a second); elsewhere (a log file) a new line is written every `log_every` seconds once the run has
+    taken that long, so short runs stay quiet. A Ticker thread draws too, so the line keeps coming while one engine
+    step runs for long (a prefill in the simulator); close() stops it. The bar counts tokens against each request's
+    max_tokens, a finished request counting in full, so it ends at 100 % even when requests stop early.
+    `estimate_s` (the simulator's up-front estimate) shapes the time left until tokens come."""
 
-    def __init__(self, budgets: dict[str, int], out=None, log_every: float = 5.0, clock=time.perf_counter):
+    def __init__(self, budgets: dict[str, int], out=None, log_every: float = 5.0, clock=time.perf_counter,
+                 estimate_s: float | None = None, final_line: bool = True, ticking: bool = True):
         self.budgets = budgets                       # request id -> max_tokens
         self.done_tokens = dict.fromkeys(budgets, 0)
         self.finished: set[str] = set()
@@ -27,28 +32,49 @@ class ProgressBar:
         self.tty = self.out.isatty()
         self.interval = 0.1 if self.tty else log_every
         self.clock = clock
+        self.estimate_s = estimate_s
+        self.final_line = final_line                 # close() writes the final state even if no line came before
         self.start = clock()
         self.last_drawn = None
         self.last_progress = None
+        self.lock = threading.Lock()
+        self.ticker = Ticker(max(self.interval, 1.0) if self.tty else self.interval, self._tick)
+        if ticking:
+            self.ticker.start()
 
     def update(self, output) -> None:
         if output.request_id not in self.budgets:
             return
-        self.done_tokens[output.request_id] = len(output.token_ids)
-        if output.finished:
-            self.finished.add(output.request_id)
-        now = self.clock()
-        if self.last_drawn is None or now - self.last_drawn >= self.interval:
-            self._draw(now)
+        with self.lock:
+            self.done_tokens[output.request_id] = len(output.token_ids)
+            if output.finished:
+                self.finished.add(output.request_id)
+            self._draw_if_due(self.clock())
 
     def close(self) -> None:
-        """The final state (unless that line is already the last one written)."""
-        now = self.clock()
-        if self.tty or self._progress() != self.last_progress:
+        """The final state (unless that line is already the last one written, or no line was due yet)."""
+        self.ticker.stop()
+        with self.lock:
+            now = self.clock()
+            if self.last_drawn is None and not self.final_line:
+                return
+            if self.tty or self._progress() != self.last_progress:
+                self._draw(now)
+            if self.tty:
+                self.out.write("\n")
+                self.out.flush()
+
+    def _tick(self) -> None:
+        with self.lock:
+            self._draw_if_due(self.clock())
+
+    def _draw_if_due(self, now: float) -> None:
+        if self.last_drawn is None:  # a terminal shows the bar at once, a log once the run has taken an interval
+            due = self.tty or now - self.start >= self.interval
+        else:
+            due = now - self.last_drawn >= self.interval
+        if due:
             self._draw(now)
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
 
     def _progress(self) -> tuple[float, int, int]:
         """(fraction done, requests finished, tokens generated)."""
@@ -63,7 +89,8 @@ class ProgressBar:
         elapsed = now - self.start
         rate = f"{tokens / elapsed:.1f} tok/s" if elapsed > 0 else "- tok/s"
         return (f"generating [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {100 * fraction:3.0f}% · "
-                f"{finished}/{len(self.budgets)} requests · {tokens} tokens · {rate} · {elapsed:.0f} s")
+                f"{finished}/{len(self.budgets)} requests · {tokens} tokens · {rate} · {elapsed:.0f} s · "
+                f"{format_eta(elapsed, fraction, self.estimate_s)}")
 
     def _draw(self, now: float) -> None:
         self.last_drawn, self.last_progress = now, self._progress()

@@ -114,7 +114,10 @@ def select(prepared: list[PreparedTask], config: EvalConfig) -> dict[str, list[i
     return {p.task: list(range(len(p.questions))) for p in prepared}
 
 
-def run_task(prepared: PreparedTask, selected: list[int], config: EvalConfig, backend, tokenizer) -> TaskRun:
+def run_task(prepared: PreparedTask, selected: list[int], config: EvalConfig, backend, tokenizer,
+             estimate_s: float | None = None) -> TaskRun:
+    """Run the selected questions; `estimate_s` (the simulator's up-front estimate) shapes the progress line's
+    time left."""
     results = [ItemResult(q.task, q.id, q.subject, q.answer, prompt_tokens=len(prepared.prompt_ids[i]))
                for i in selected for q in [prepared.questions[i]]]
     generative = config.mode == "generative"
@@ -132,7 +135,8 @@ def run_task(prepared: PreparedTask, selected: list[int], config: EvalConfig, ba
             result.status = TOO_LONG
         else:
             runnable.append(row)
-    progress = Progress(len(runnable), f"{prepared.task} ({config.mode}, {prepared.num_fewshot}-shot)")
+    progress = Progress(len(runnable), f"{prepared.task} ({config.mode}, {prepared.num_fewshot}-shot)",
+                        estimate_s=estimate_s)
 
     def on_done(j: int, outcome) -> None:
         result = results[runnable[j]]
@@ -149,15 +153,17 @@ def run_task(prepared: PreparedTask, selected: list[int], config: EvalConfig, ba
         progress.advance(1, result.prompt_tokens)
 
     start = time.perf_counter()
-    if generative:
-        jobs = [GenerationJob(prepared.prompt_ids[selected[r]], prepared.messages[selected[r]], config.answer_prefix)
-                for r in runnable]
-        backend.generate(jobs, config.max_gen_tokens, config.stop, on_done)
-    else:
-        backend.loglikelihoods([LoglikelihoodJob(prepared.prompt_ids[selected[r]], conts[r]) for r in runnable],
-                               on_done)
+    try:
+        if generative:
+            jobs = [GenerationJob(prepared.prompt_ids[selected[r]], prepared.messages[selected[r]],
+                                  config.answer_prefix) for r in runnable]
+            backend.generate(jobs, config.max_gen_tokens, config.stop, on_done)
+        else:
+            backend.loglikelihoods([LoglikelihoodJob(prepared.prompt_ids[selected[r]], conts[r]) for r in runnable],
+                                   on_done)
+    finally:
+        progress.close()
     seconds = time.perf_counter() - start
-    progress.close()
     return TaskRun(prepared, selected, results, seconds, backend.stats())
 
 
