@@ -67,6 +67,9 @@ def run(args) -> int:
         return 0
     if not args.stage:
         raise TinyVLLMError("say which stage: --stage NAME (--list shows them)")
+    if args.no_goldens and not (args.prompt or args.requests):
+        raise TinyVLLMError("nothing to run: without --prompt TEXT or --requests FILE the golden prompts run, "
+                            "and --no-goldens leaves none")
     engine = build_engine(args)
     names = stage_names(engine.model.config.num_hidden_layers)
     if args.stage not in names:

@@ -50,3 +50,8 @@ def test_bad_stage_names_and_missing_steps_get_one_line(capsys):
     code, out, err = run(capsys, "trace", "--stage", "logits", "--prompt", "Hi", "--max-tokens", "1", "--step", "3",
                          "--no-goldens")
     assert code == 1 and "did not run in step 3" in err
+
+
+def test_no_goldens_without_a_prompt_says_there_is_nothing_to_run(capsys):
+    code, out, err = run(capsys, "trace", "--stage", "layers.0.attn", "--no-goldens")
+    assert code == 1 and err.splitlines()[-1].startswith("error: nothing to run: without --prompt TEXT")
