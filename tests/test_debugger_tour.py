@@ -83,3 +83,25 @@ def test_stopping_at_a_lessons_stage_by_hand_shows_that_lesson_and_its_code():
         definition = definition_line(ref.path, ref.name)     # after its decorators, if any
         assert any(definition in line for line in lines[1:4]), lines[:4]
     drive(app, scenario, size=(160, 50))
+
+
+def test_n_starts_the_tour_and_p_goes_back_a_chapter_on_a_100_by_30_screen():
+    first, second = LESSONS[0], LESSONS[1]
+    app = debug_app(parse_args(["debug"]))
+
+    async def scenario(pilot):
+        await press(pilot, "n")                     # outside the tour, n starts it
+        assert shown(app, "#lesson-title") == f"chapter 1 of {len(LESSONS)} · {first.number:02d}. {first.title}"
+        screen = app.screen.region
+        lesson = app.query_one(LessonPanel)
+        assert lesson.region.area and screen.contains_region(lesson.region)
+        assert not app.query_one("#golden").display, "a narrow screen gives the golden panel's place to the lesson"
+        await press(pilot, "n")
+        assert shown(app, "#lesson-title").startswith(f"chapter 2 of {len(LESSONS)} · {second.number:02d}.")
+        assert at_stage(app, second.stage)
+        await press(pilot, "p")
+        assert shown(app, "#lesson-title").startswith(f"chapter 1 of {len(LESSONS)} · {first.number:02d}.")
+        assert at_stage(app, first.stage)
+        await press(pilot, "p")
+        assert shown(app, "#status").endswith("the tour's first chapter")
+    drive(app, scenario, size=(100, 30))
