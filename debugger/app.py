@@ -91,6 +91,8 @@ class DebuggerApp(App):
         Binding("p", "chapter(-1)", "back", show=False),
         Binding("o", "lesson_code", "code", show=False),
         Binding("L", "toggle_lesson", "lesson", show=False),
+        Binding("pagedown", "scroll_lesson(1)", "lesson", show=False),
+        Binding("pageup", "scroll_lesson(-1)", "lesson", show=False),
         Binding("left_square_bracket", "row(-1)", "row", show=False),
         Binding("right_square_bracket", "row(1)", "row", show=False),
         Binding("question_mark", "help", "help"),
@@ -327,6 +329,9 @@ class DebuggerApp(App):
     def action_toggle_lesson(self) -> None:
         self.lesson_visible = not self.query_one("#middle").has_class("-lesson")
         self.show_lesson()
+
+    def action_scroll_lesson(self, pages: int) -> None:
+        self.query_one(LessonPanel).scroll_text(pages)
 
     def action_lesson_code(self) -> None:
         lesson = self.tour.lesson if self.tour is not None else self.stage_lesson

@@ -73,6 +73,11 @@ def test_stopping_at_a_lessons_stage_by_hand_shows_that_lesson_and_its_code():
         await pilot.pause()
         assert panel.region.area
         assert shown(app, "#lesson-title") == f"{lesson.number:02d}. {lesson.title}"
+        scroll = app.query_one("#lesson-scroll")
+        assert scroll.max_scroll_y > 0, "a lesson longer than its panel"
+        await pilot.press("pagedown")
+        await pilot.pause()
+        assert scroll.scroll_y > 0
         await pilot.press("o")
         await pilot.pause()
         assert isinstance(app.screen, SourceScreen)

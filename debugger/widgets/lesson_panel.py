@@ -10,8 +10,8 @@ from textual.widgets import Markdown, Static
 
 from tinyvllm.course import Lesson
 
-TOUR_KEYS = "n next chapter · p previous · o its code · L hides this panel"
-FREE_KEYS = "o its code · n starts the tour · L hides this panel"
+TOUR_KEYS = "n next chapter · p back · o its code · pgup/pgdn scroll · L hide"
+FREE_KEYS = "o its code · n starts the tour · pgup/pgdn scroll · L hide"
 
 
 def lesson_body(lesson: Lesson) -> str:
@@ -56,6 +56,6 @@ class LessonPanel(Vertical):
             self.query_one("#lesson-text", Markdown).update(lesson_body(lesson) if lesson else "")
             self.query_one("#lesson-scroll", VerticalScroll).scroll_home(animate=False)
 
-    @property
-    def title_text(self) -> str:
-        return self.query_one("#lesson-title", Static).render().plain
+    def scroll_text(self, pages: int) -> None:
+        scroll = self.query_one("#lesson-scroll", VerticalScroll)
+        scroll.scroll_to(y=scroll.scroll_y + pages * max(1, scroll.size.height - 2), animate=False)
