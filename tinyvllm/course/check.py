@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.lessons:
         lessons = []
         for path in args.lessons:
+            if path.name == "README.md":  # the index, not a lesson (a glob over lessons/ brings it along)
+                continue
             try:
                 lessons.append(load_lesson(path))
             except CourseError as e:

@@ -161,7 +161,8 @@ def batching_steps(requests: dict[str, tuple[int, int]], batching: str = "contin
         for seq in done:
             scheduler.finish(seq)
         finished = f"  -> {', '.join(names[s.seq_id] for s in done)} done" if done else ""
-        print(f"step {step:2d}: {output.num_batched_tokens:2d} tokens  {_step_line(output, names)}{finished}")
+        used = f"{output.num_batched_tokens} of {max_num_batched_tokens}"
+        print(f"step {step:2d} ({used:>7s} tokens): {_step_line(output, names)}{finished}")
 
 
 # ---- 20: the paged KV cache -----------------------------------------------------------------------------
@@ -192,3 +193,20 @@ def walk_step(engine, stages: bool = True) -> None:
             print(f"{stage.name:22s} {str(tuple(stage.output.shape)):12s} {stage.kernel}")
     for out in outputs:
         print(f"request {out.request_id}: token ids {out.token_ids}")
+
+
+def step_outputs(engine) -> dict[str, np.ndarray]:
+    """Run the engine's next step stage by stage; every stage's output, on the host, by stage name."""
+    run, outputs = engine.step_stages(), {}
+    while True:
+        try:
+            stage = next(run)
+        except StopIteration:
+            return outputs
+        outputs[stage.name] = stage.to_host()
+
+
+def rms(x: np.ndarray) -> np.ndarray:
+    """Each row's root mean square, sqrt(mean(x^2)), over its last axis."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.sqrt((x * x).mean(axis=-1))
