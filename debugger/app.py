@@ -132,6 +132,8 @@ class DebuggerApp(App):
             return feed is not None and hasattr(feed, "summary")
         if action == "reset":
             return feed is None
+        if action == "chapter":   # the tour steps the debugger's own requests, resetting when they finish
+            return feed is None
         return True
 
     def compose(self) -> ComposeResult:

@@ -80,12 +80,13 @@ class Tour:
 
     def run(self, session: Session, cancelled=None, progress=None) -> str:
         """Run the session to this chapter's stage; what happened, in a line for the status bar."""
-        stage = self.lesson.stage
+        stage, engine = self.lesson.stage, session.engine
         result = reach(session, stage, cancelled, progress)
         if result is not None and not reached(session, stage):   # cancelled, or a standing breakpoint hit
             why = result.detail or result.reason
             return f"{self.heading}: stopped short of {stage} ({why}); n runs on"
-        return f"{self.heading} · at {stage}, step {session.view().step}"
+        fresh = " (the requests had finished: a fresh engine)" if session.engine is not engine else ""
+        return f"{self.heading} · at {stage}, step {session.view().step}{fresh}"
 
     def replay_to(self, session: Session, index: int, cancelled=None, progress=None) -> str:
         """Back to chapter `index`: the engine cannot step back, so a fresh one walks the chapters up to it."""
