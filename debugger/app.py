@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -30,6 +30,7 @@ from debugger.widgets.source_screen import SourceScreen
 from debugger.widgets.scheduler_panel import SchedulerPanel
 from debugger.widgets.tensor_inspector import TensorInspector
 from debugger.widgets.timeline import TimelinePanel
+from tinyvllm.errors import TinyVLLMError
 
 Job = Callable[[Session, Callable[[], bool], Callable], object]
 
@@ -39,6 +40,7 @@ INPUT_PROMPTS = {
     "standing": f"standing breakpoint (c stops at it): {BREAKPOINT_HELP}; clear | del N  (escape closes)",
 }
 VIEW_INTERVAL_S = 0.1   # a long run shows a new snapshot at most this often
+MIN_SIZE = (100, 30)    # columns, rows: below this the tensor and golden panels have no room and are hidden
 
 
 def summarize(result) -> str:
@@ -64,6 +66,18 @@ def summarize(result) -> str:
     if result.reason == "cancelled":
         return f"cancelled after {result.num_events} events{where}"
     return f"stopped after {result.num_events} events{where}"
+
+
+def run_state(view: SessionView, feed) -> str:
+    """What the title says of the run as a whole ("" while it is under way): "done" only once it has ended."""
+    started = view.step > 0 or view.in_step
+    if feed is not None and feed.serves_forever:
+        return "waiting for requests" if view.idle else ""
+    if feed is not None and not feed.done:
+        return "" if started else f"replaying {feed.num_requests} requests"
+    if view.idle:
+        return "done" if started else "no requests: a adds one"
+    return "" if started else "ready"
 
 
 class DebuggerApp(App):
@@ -137,6 +151,7 @@ class DebuggerApp(App):
         return True
 
     def compose(self) -> ComposeResult:
+        yield Static(id="size-warning")
         yield Header()
         yield SchedulerPanel(id="scheduler")
         with Horizontal(id="middle"):
@@ -146,9 +161,8 @@ class DebuggerApp(App):
         with Horizontal(id="bottom"):
             yield BlockTablePanel(id="blocks")
             yield TimelinePanel(id="timeline")
-        with Horizontal(id="status-bar"):
-            yield Static("ready: s steps one stage, ? for help", id="status")
-            yield ProgressBar(id="progress", show_eta=False)
+        yield Static("ready: s steps one stage, ? for help", id="status")
+        yield ProgressBar(id="progress", show_eta=False)
         yield Input(id="command-input")
         yield Footer(show_command_palette=False)   # ctrl+p still opens it
 
@@ -167,11 +181,24 @@ class DebuggerApp(App):
         self.query_one(TimelinePanel).show(view.timeline)
         self.query_one(ProgressBar).update(total=view.stages_per_step, progress=view.stages_done)
         stage = f" · {view.stage.name}" if view.stage is not None and view.in_step else ""
-        self.sub_title = f"step {view.step}{stage}" + (" · done" if view.idle else "")
+        state = run_state(view, self.session.feed)
+        self.sub_title = f"step {view.step}{stage}" + (f" · {state}" if state else "")
         self.stage_here, self.stage_lesson = position(view), lesson_here(view, self.course())
         self.show_lesson()
-        if self.stage_lesson is not None and self.tour is None and not self.lesson_visible:
-            self.sub_title += f" · lesson {self.stage_lesson.number:02d}: L"
+        if view.in_step and self.stage_lesson is not None and self.tour is None and not self.lesson_visible:
+            self.sub_title += f" · lesson {self.stage_lesson.number:02d}: L"   # a forward-pass stage a lesson explains
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Below MIN_SIZE: a warning across the top, and the panels that cannot fit (tensor, golden) hidden."""
+        width, height = event.size
+        cramped = width < MIN_SIZE[0] or height < MIN_SIZE[1]
+        if cramped:
+            warning = (f"terminal is {width}x{height}; the tensor and golden panels need at least "
+                       f"{MIN_SIZE[0]}x{MIN_SIZE[1]}")
+            self.query_one("#size-warning", Static).update(Text(warning))
+            if not self.has_class("-cramped"):
+                self.notify(warning, severity="warning", markup=False)
+        self.set_class(cramped, "-cramped")
 
     def set_status(self, text: str) -> None:
         # Text, not markup: "[id]" in a message is what the user should read
@@ -383,7 +410,12 @@ class DebuggerApp(App):
                 # Safe while a run is going: the session's lock admits the request between two stages.
                 request_id = self.session.add_request(self.session.prompt_from_text(text))
                 self.show(self.session.view())
-                self.set_status(f"added request {request_id}: it joins at the next scheduler step")
+                refused = self.session.rejection(request_id)
+                if refused is None:
+                    self.set_status(f"added request {request_id}: it joins at the next scheduler step")
+                else:
+                    self.set_status(f"rejected request {request_id}: {refused}")
+                    self.notify(f"request {request_id} rejected: {refused}", severity="error", markup=False)
             elif mode == "standing":
                 self.set_status(self.edit_breakpoints(text))
                 self.show(self.session.view())
@@ -391,6 +423,6 @@ class DebuggerApp(App):
                 breakpoint = Breakpoint.parse(text)
                 self.launch(f"until {text}", lambda s, cancelled, progress: s.run_until(breakpoint, cancelled,
                                                                                          progress))
-        except ValueError as e:
+        except (ValueError, TinyVLLMError) as e:
             self.set_status(f"error: {e}")
             self.notify(str(e), severity="error", markup=False)

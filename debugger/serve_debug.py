@@ -105,6 +105,8 @@ class ClientRecord:
 class Feed:
     """What a debugger Session asks of a source of requests (see the module docstring); this one has none."""
     serves_forever = False        # `c` waits for more requests instead of stopping when all are done
+    done = False                  # every request it will ever give has run (a replay at its end)
+    num_requests = 0              # how many it gives in all (a replay's), 0 when that is not known
 
     def admit(self, session, adds: bool = True) -> list[str]:
         return []
@@ -321,6 +323,10 @@ class ReplayFeed(Feed):
     def done(self) -> bool:
         return not self.queue.has_arrivals and not self.engine.has_unfinished_requests()
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.queue.recording.requests)
+
     def admit(self, session, adds: bool = True) -> list[str]:
         return self.queue.admit(session.engine, session.add_request) if adds else []
 
@@ -349,24 +355,41 @@ class ReplayFeed(Feed):
         return ("match" if result.matched else f"DIVERGED at token {result.diverged_at}"
                 if result.diverged_at is not None else "DIVERGED (finish reason)")
 
-    def _report(self):
-        return self.queue.report(self.engine, time.perf_counter() - self.started, self.engine.num_steps - self.first_step)
+    def _report(self, finished_only: bool = False):
+        """The replay report; `finished_only`: of the requests that have finished (the others have nothing to
+        compare yet, and would read as diverged at token 0)."""
+        report = self.queue.report(self.engine, time.perf_counter() - self.started,
+                                   self.engine.num_steps - self.first_step)
+        if finished_only:
+            report.results = [r for r in report.results if r.request_id in self.queue.finished]
+        return report
 
     def status(self) -> str:
-        n = len(self.queue.recording.requests)
         done = len(self.queue.finished)
-        return f"replaying {self.queue.recording.path}: {done}/{n} finished" + (" · v: report" if done else "")
+        return f"replaying {self.queue.recording.path}: {done}/{self.num_requests} finished" + (" · v: report" if done else "")
 
     def summary(self) -> str:
-        report = self._report()
+        report = self._report(finished_only=True)
         compared = sum(r.recorded is not None for r in report.results)
-        unfinished = len(report.results) - len(self.queue.finished)
+        unfinished = self.num_requests - len(report.results)
         return (f"replay: {report.num_matched}/{compared} requests match token for token, {len(report.diverged)} "
                 f"diverged" + (f", {unfinished} not finished yet" if unfinished else ""))
 
     def report(self) -> str:
+        """Each finished request against its recorded answer; before the end, only those, and says so."""
         from tinyvllm.serving.replay import format_report
-        return format_report(self._report())
+        if self.done:
+            return format_report(self._report())
+        report = self._report(finished_only=True)
+        compared = sum(r.recorded is not None for r in report.results)
+        headline = (f"{len(report.results)} of {self.num_requests} requests finished so far: "
+                    f"{report.num_matched}/{compared} match; run to the end (c) to verify the rest")
+        return headline + ("\n\n" + format_report(report) if report.results else "")
+
+    @property
+    def diverged(self) -> bool:
+        """A finished request's tokens differ from the recorded answer."""
+        return bool(self._report(finished_only=True).diverged)
 
 
 # ---- the commands --------------------------------------------------------------------------------------
@@ -474,4 +497,4 @@ def run_debug_replay(args) -> int:
     if app.failure is not None:
         raise app.failure
     print(feed.report())
-    return 1 if feed._report().diverged else (app.return_code or 0)
+    return 1 if feed.diverged else (app.return_code or 0)

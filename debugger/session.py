@@ -117,12 +117,11 @@ class StageRecord:
 @dataclass(frozen=True)
 class StepRecord:
     step: int
-    seconds: float
+    seconds: float                     # engine time: inside the session's commands (pauses left out)
     num_batched_tokens: int
     new_tokens: dict[str, list[int]]   # request id -> tokens this step sampled
     finished: tuple[str, ...]          # request ids that finished in this step
     new_text: dict[str, str] = field(default_factory=dict)   # request id -> those tokens decoded
-    busy_seconds: float = 0.0          # the step's time inside the session's commands (pauses left out)
 
     def describe(self) -> str:
         """`req 0: 390 ' the', req 1: 17 'x'; finished 0` (what the step sampled, readable)."""
@@ -261,8 +260,8 @@ class Breakpoint:
                 ids = [r for r in event.finished if _same_client(client_of(r), str(self.value))]
                 if ids:
                     return f"request {ids[0]} from {client_of(ids[0])} finished"
-            if self.kind == "slow" and event.busy_seconds > self.value:
-                return f"step {event.step} took {event.busy_seconds * 1000:.1f} ms (> {self.value * 1000:g} ms)"
+            if self.kind == "slow" and event.seconds > self.value:
+                return f"step {event.step} took {event.seconds * 1000:.1f} ms (> {self.value * 1000:g} ms)"
         if isinstance(event, ArrivalRecord) and self.kind == "arrival":
             arrived = [(r, c) for r, c in zip(event.request_ids, event.clients)
                        if self.value is None or _same_client(c, str(self.value))]
@@ -407,7 +406,6 @@ class Session:
         self.golden_prompt_of: dict[str, int] = {}
         self._stages = None
         self._all_logits = False
-        self._step_start = 0.0
         self._step_busy = 0.0                         # seconds inside step_stage calls in the current step
         self._kv_before, self.facts = 0.0, None       # the current step's ScheduleFacts (after its first stage)
         self._spans: list[tuple[float, float]] = []   # wall (start, end) of every step_stage call
@@ -431,6 +429,12 @@ class Session:
                     self.golden_prompt_of[request_id] = p
                     break
             return request_id
+
+    def rejection(self, request_id: str) -> str | None:
+        """Why the engine refused a request as it was added (unknown token ids, too long, ...), else None:
+        a refused request never runs; it only finishes with its error at the next step."""
+        with self._lock:
+            return self.engine.request(request_id).error
 
     def close(self) -> None:
         """No more steps (a worker thread still running stops at its next stage); the feed, if any, ends its
@@ -585,7 +589,6 @@ class Session:
         self._stages = self.engine.step_stages(all_logits=self._all_logits)
         if self.shadow is not None:
             self.shadow.begin_step(self._all_logits)
-        self._step_start = time.perf_counter()
         self._step_busy = 0.0
         self.stage_index = 0
         self.golden_rows = []
@@ -651,12 +654,11 @@ class Session:
             self.shadow.end_step(self.step_index, outputs)
         schedule = self.engine.last_schedule
         decode = self.engine.tokenizer.decode
-        record = StepRecord(self.step_index, time.perf_counter() - self._step_start,
+        record = StepRecord(self.step_index, self._step_busy + time.perf_counter() - call_start,
                             schedule.num_batched_tokens if schedule else 0,
                             {o.request_id: list(o.new_token_ids) for o in outputs},
                             tuple(o.request_id for o in outputs if o.finished),
-                            {o.request_id: decode(list(o.new_token_ids)) for o in outputs},
-                            self._step_busy + time.perf_counter() - call_start)
+                            {o.request_id: decode(list(o.new_token_ids)) for o in outputs})
         self.timeline.append(TimelineEntry(self.step_index, "step done", record.describe(), record.seconds))
         self.step_index += 1
         if self.feed is not None:

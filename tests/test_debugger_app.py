@@ -8,10 +8,11 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from debugger.app import DebuggerApp
-from debugger.session import Session, stage_names
+from debugger.session import Session, SessionOptions, stage_names
 from debugger.widgets.help_screen import HelpScreen
 from kernels_numba.bf16 import bf16_to_f32_ref
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 from tinyvllm.model.loader import default_model_dir, load_model
 from tinyvllm.model.weights import load_weights
@@ -55,6 +56,16 @@ def text(app, selector) -> str:
 def shown(app, selector) -> str:
     """What a Static shows: its content after markup (which would eat "[id]")."""
     return app.query_one(selector, Static).render().plain
+
+
+def screen_lines(app) -> list[str]:
+    """The terminal as the user sees it, one string a row."""
+    return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
+def seen_in(app, region) -> list[str]:
+    """The rows of the terminal inside `region`."""
+    return [line[region.x:region.right] for line in screen_lines(app)[region.y:region.bottom]]
 
 
 def cells(table: DataTable, row: int) -> list[str]:
@@ -152,7 +163,7 @@ def test_help_screen_and_cancel():
     async def scenario(pilot):
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        assert "run until a breakpoint" in str(app.screen.query_one("#help-text", Static).content)
+        assert any("run until a breakpoint" in line for line in screen_lines(app))
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
         await pilot.press("c")
@@ -218,3 +229,88 @@ def test_status_lines_read_as_text():
         assert shown(app, "#status").endswith("finished [ID glob | from CLIENT] | golden [THRESHOLD] | "
                                               "arrival [CLIENT] | kv FRACTION|PCT% | preemption | prefix-hit | slow MS")
     drive(app, scenario)
+
+
+BREAKPOINT_KEY = ("run until a breakpoint: layer N · stage NAME (globs: layers.*.mlp) · finished [ID glob | from "
+                  "CLIENT] · golden [THRESHOLD] · arrival [CLIENT] · kv 80% · preemption · prefix-hit · slow MS")
+
+
+@pytest.mark.parametrize("width", [80, 120, 160])
+def test_the_help_wraps_each_action_in_a_column_beside_its_key(width):
+    app = make_app([PROMPT])
+
+    async def scenario(pilot):
+        await pilot.press("question_mark")
+        await pilot.pause()
+        box = app.screen.query_one("#help-box").content_region
+        lines = seen_in(app, box)
+        start = next(i for i, line in enumerate(lines) if "run until a breakpoint" in line)
+        column = lines[start].index("run until")
+        assert lines[start][:column].split() == ["b"]
+        entry = [lines[start]]
+        for line in lines[start + 1:]:           # the wrapped rest: under the action, never under the key
+            if line[:column].strip():
+                assert line[:column].split() == ["B"], (line, lines)   # the next key
+                break
+            entry.append(line)
+        assert " ".join(" ".join(line[column:].split()) for line in entry).strip() == BREAKPOINT_KEY
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+    drive(app, scenario, size=(width, 40))
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_rejected_request_is_announced_with_its_whole_error_above_the_progress_bar(width):
+    app = make_app([PROMPT])
+    vocab = app.session.engine.model.config.vocab_size
+    bad = [vocab + i for i in range(5)]
+
+    async def scenario(pilot):
+        await press(pilot, "s")
+        await pilot.press("a", *str([5, *bad]), "enter")
+        await pilot.pause()
+        error = f"rejected request 1: token ids outside the vocabulary [0, {vocab}): {bad}"
+        screen = app.screen.region
+        status, progress = app.query_one("#status").region, app.query_one("#progress").region
+        assert screen.contains_region(status) and screen.contains_region(progress)
+        assert not status.overlaps(progress)
+        assert " ".join(" ".join(seen_in(app, status)).split()) == error     # all of it, wrapped
+        assert seen_in(app, progress)[0].split()[-1] == "4%"                # 1 of 23 stages, not cut off
+        assert "joins at the next" not in shown(app, "#status")
+        assert app.session.view().requests[1].state == "error"
+    drive(app, scenario, size=(width, 40))
+
+
+def test_the_title_says_done_only_once_the_run_has_ended():
+    engine = LLMEngine(None, EngineConfig(num_blocks=32, block_size=4), log=lambda message: None)
+    one_token = SessionOptions(SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    app = DebuggerApp(Session(engine, None, [[5, 6, 7]], one_token))
+
+    async def scenario(pilot):
+        assert app.sub_title == "step 0 · ready"
+        await press(pilot, "s")
+        assert "done" not in app.sub_title and "ready" not in app.sub_title
+        await press(pilot, "c")
+        assert app.sub_title == "step 1 · done"
+    drive(app, scenario)
+
+
+def test_below_100_by_30_a_warning_and_the_requests_blocks_status_and_keys_still_show():
+    app = make_app([PROMPT])
+
+    async def scenario(pilot):
+        await pilot.pause()
+        warning = app.query_one("#size-warning")
+        assert seen_in(app, warning.region)[0].strip() == (
+            "terminal is 80x24; the tensor and golden panels need at least 100x30")
+        assert not app.query_one("#inspector").display or not app.query_one("#middle").display
+        screen = app.screen.region
+        shown_regions = [app.query_one(s).region for s in ("#scheduler", "#blocks", "#timeline", "#status",
+                                                           "#progress", "Footer")]
+        assert all(r.area and screen.contains_region(r) for r in shown_regions), shown_regions
+        assert not any(a.overlaps(b) for i, a in enumerate(shown_regions) for b in shown_regions[i + 1:])
+        assert any("step" in line and "stage" in line for line in seen_in(app, shown_regions[-1]))  # the keys
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        assert not warning.display and app.query_one("#inspector").region.area
+    drive(app, scenario, size=(80, 24))

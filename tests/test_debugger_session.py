@@ -179,6 +179,31 @@ def test_latencies_leave_out_the_time_paused_between_commands(model):
     assert 0 < request.ttft and 0 < request.itl_mean
 
 
+def test_the_timeline_times_a_step_without_the_pause_at_a_breakpoint(model, monkeypatch):
+    import types
+    import debugger.session as session_module
+    paused = [0.0]   # the session's clock jumps by a long pause between two commands: no sleeping in the test
+    monkeypatch.setattr(session_module, "time",
+                        types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + paused[0]))
+    session = new_session(model, [[5, 6, 7]])
+    session.run_until(Breakpoint.parse("layer 1"))      # stopped in the middle of step 0
+    paused[0] += 1000.0                                 # the user reads the panels for 1000 s
+    record = session.step_decode().event
+    done = session.timeline[-1]
+    assert isinstance(record, StepRecord) and done.name == "step done" and done.step == 0
+    ran = sum(e.seconds for e in session.timeline if e.step == 0 and e.seconds is not None and e.name != "step done")
+    assert ran <= done.seconds < 1000.0                 # its stages' time, and nothing of the pause
+    assert record.seconds == done.seconds
+
+
+def test_a_refused_request_says_why_at_once(model):
+    session = new_session(model, [])
+    vocab = model.config.vocab_size
+    refused = session.add_request([5, vocab + 7])
+    assert session.rejection(refused) == f"token ids outside the vocabulary [0, {vocab}): [{vocab + 7}]"
+    assert session.rejection(session.add_request([5, 6])) is None
+
+
 def test_prompt_box_text(model):
     session = new_session(model, [], Goldens.load(DEFAULT_GOLDENS))
     assert session.prompt_from_text(" [1, 2,3] ") == [1, 2, 3]

@@ -1,7 +1,7 @@
 """Log-probabilities through the engine (SamplingParams.logprobs / prompt_logprobs / logprob_token_ids),
 checked against HF transformers' logits in the golden file: an independent reference.
 
-Tolerance: the golden logits stage matches HF to ~4e-6 of max|logit| (README, Tolerances), i.e. ~3e-5 here;
+Tolerance: the golden logits stage matches HF to ~4e-6 of max|logit| (docs/internals.md, "Tolerances"), i.e. ~3e-5 here;
 a logprob is a logit minus a log-sum-exp whose error is at most the largest logit error, so 1e-4 is
 about 2x that sum. A wrong row (off by one position), a missing max shift or a temperature applied to the
 logprobs gives errors of 1e-1 or more.

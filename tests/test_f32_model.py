@@ -2,7 +2,7 @@
 hold matches HF transformers in float32 on the same file at every stage and in its greedy tokens.
 
 Rounding the weights to bf16 at load (what tinyvllm did before) moves them by up to 2^-9 relatively, which puts
-the stages ~1e-3 away from HF's: ten times the 1e-4 tolerance (README "Tolerances").
+the stages ~1e-3 away from HF's: ten times the 1e-4 tolerance (docs/internals.md, "Tolerances").
 """
 import json
 import shutil

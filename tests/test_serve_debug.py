@@ -237,7 +237,7 @@ def test_kv_slow_and_preemption_breakpoints(model):
     result = session.continue_to_end()
     assert result.detail == "KV usage rose above 60%: 0.0% -> 100.0%" and result.event.name == "embedding"
     result = session.continue_to_end()               # the rest of step 0 took more than 1 ms
-    assert result.detail.startswith("step 0 took ") and result.event.busy_seconds > 0.001
+    assert result.detail.startswith("step 0 took ") and result.event.seconds > 0.001
     del session.breakpoints[1]
     result = session.continue_to_end()
     assert result.detail == "preempted 1" and result.event.step == 3 and result.event.index == 0
@@ -323,3 +323,65 @@ def test_finished_and_arrival_breakpoints_match_id_globs_and_clients():
     assert hit("arrival", arrival) == "arrival: cmpl-ab12-0 from 10.0.0.2:6000, 7"
     assert hit("arrival 10.0.0.2", arrival) == "arrival: cmpl-ab12-0 from 10.0.0.2:6000"
     assert hit("arrival 10.0.0.3", arrival) is None and hit("finished", arrival) is None
+
+
+def record_two_requests(model, path):
+    """A recording, made in-process, of two greedy requests that arrive together: one of 1 token, one of 3."""
+    from tinyvllm.serving.engine_loop import Update
+    from tinyvllm.serving.recording import Recorder
+    engine = LLMEngine(model, EngineConfig(**CONFIG), log=lambda m: None)
+    recorder = Recorder.open(path, engine)
+    for prompt, n in (([5, 6, 7], 1), ([8, 9, 10, 11], 3)):
+        recorder.request(engine, engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n,
+                                                                           ignore_eos=True)))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                recorder.finished(engine, Update(out.request_id, [], finished=True, finish_reason=out.finish_reason,
+                                                 token_ids=list(out.token_ids), text=""))
+    recorder.close()
+    return read_recording(path)
+
+
+def test_v_before_a_replay_ends_compares_only_the_finished_requests(model, tmp_path):
+    recording = record_two_requests(model, tmp_path / "two.jsonl")
+    short, long = recording.requests
+    session, feed = replay_session(str(tmp_path / "two.jsonl"))
+    app = DebuggerApp(session)
+
+    def report() -> str:
+        return str(app.screen.query_one("#report-text").render())
+
+    async def scenario(pilot):
+        assert app.sub_title == "step 0 · replaying 2 requests"
+        await pilot.press("v")
+        assert report() == "0 of 2 requests finished so far: 0/0 match; run to the end (c) to verify the rest"
+        await pilot.press("escape")
+        await pilot.press("d")                       # step 0: both prefill, the 1-token request finishes
+        await settle(pilot)
+        await pilot.press("v")
+        lines = report().splitlines()
+        assert lines[0] == "1 of 2 requests finished so far: 1/1 match; run to the end (c) to verify the rest"
+        assert f"{short.request_id}: match (1 tokens, length)" in lines
+        assert "DIVERGED" not in report() and not any(line.startswith(f"{long.request_id}:") for line in lines)
+        await pilot.press("escape")
+        await pilot.press("c")
+        await settle(pilot)
+        assert app.sub_title == "step 3 · done"
+        await pilot.press("v")
+        assert "2/2 requests match token for token; 0 diverged" in report().splitlines()
+        assert f"{long.request_id}: match (3 tokens, length)" in report().splitlines()
+        await pilot.press("escape")
+    asyncio.run(_drive(app, scenario))
+    assert not feed.diverged
+
+
+def test_serve_debug_waits_for_requests_rather_than_saying_done(model):
+    engine = LLMEngine(model, EngineConfig(**CONFIG), log=lambda message: None)
+    session, feed = serving_session(engine, None)
+    app = DebuggerApp(session)
+
+    async def scenario(pilot):
+        await pilot.pause()
+        assert app.sub_title == "step 0 · waiting for requests"
+    asyncio.run(_drive(app, scenario))

@@ -1,5 +1,6 @@
 """The serving package's parts that need no running engine: streamed text, error messages, logprob shapes,
-the API key, a full queue and a dead engine loop (an app over a loop that is not running)."""
+the API key, a full queue and a dead engine loop (an app over a loop that is not running), the /state series
+and TTFT histogram fed with hand-made StepReports."""
 import pytest
 
 from tests.references import require
@@ -13,7 +14,9 @@ from tinyvllm.serving.app import create_app
 from tinyvllm.serving.server import STATIC_DIR
 from tinyvllm.serving.context import ServingContext
 from tinyvllm.serving.detokenizer import IncrementalDetokenizer
-from tinyvllm.serving.engine_loop import EngineLoop
+from tinyvllm.engine.metrics import RequestMetrics
+from tinyvllm.serving.engine_loop import EngineLoop, EngineState, StepReport, Update
+from tinyvllm.serving.live_stats import LiveStats
 from tinyvllm.serving.logprobs import TokenText, chat_logprobs, completion_logprobs
 from tinyvllm.serving.protocol import ChatCompletionRequest, CompletionRequest, validation_error
 
@@ -164,3 +167,61 @@ def test_serve_captures_every_cuda_graph_before_it_takes_a_request(monkeypatch, 
     assert serve.run(args) == 0
     assert events[:2] == ["capture", "read"]
     assert "tinyvllm serve: captured decode CUDA graphs" in capsys.readouterr().err
+
+
+class FakeClock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def step(t: float, tokens: int, running: int, waiting: int = 0, kv: float = 0.0, ttfts=()) -> StepReport:
+    """A StepReport at `t`: one request sampled `tokens` tokens; one finished request per TTFT in `ttfts`."""
+    state = EngineState(num_running=running, num_waiting=waiting, kv_usage=kv, num_blocks=16, block_size=4)
+    updates = [Update("r", list(range(tokens)))]
+    updates += [Update(f"done{i}", [], finished=True, finish_reason="length", num_prompt_tokens=3,
+                       metrics=RequestMetrics(f"done{i}", 0.0, 3, ttft=ttft, e2e=ttft))
+                for i, ttft in enumerate(ttfts)]
+    return StepReport(t, state, updates, num_batched_tokens=tokens, num_preempted=0)
+
+
+def test_the_series_has_a_row_per_whole_second_with_its_tokens_and_the_state_after_its_last_step():
+    clock = FakeClock(1000.0)
+    stats = LiveStats(clock=clock)
+    for report in (step(1000.2, 1, running=1, kv=0.25), step(1000.7, 1, running=1, kv=0.25),
+                   step(1002.1, 1, running=2, waiting=1, kv=0.5), step(1002.9, 2, running=2, kv=0.75)):
+        stats.on_step(report)
+    clock.now = 1004.3  # seconds 1000 to 1003 are over; 1001 and 1003 had no step: the state stays, no tokens
+    series = stats.snapshot(EngineState(), "m", 4.3, 0)["series"]
+    assert series["output_tokens_per_s"] == [2, 0, 3, 0]
+    assert series["running"] == [1, 1, 2, 2]
+    assert series["waiting"] == [0, 0, 0, 0]
+    assert series["kv_cache_usage"] == [0.25, 0.25, 0.75, 0.75]
+    clock.now = 1006.0
+    assert stats.snapshot(EngineState(), "m", 6.0, 0)["series"]["running"] == [1, 1, 2, 2, 2, 2]
+
+
+def test_the_series_keeps_only_its_last_seconds():
+    clock = FakeClock(500.0)
+    stats = LiveStats(series_seconds=5, clock=clock)
+    for k in range(20):
+        stats.on_step(step(500.5 + k, tokens=k, running=k % 3))
+    clock.now = 520.0
+    series = stats.snapshot(EngineState(), "m", 20.0, 0)["series"]
+    assert series["output_tokens_per_s"] == [15, 16, 17, 18, 19]
+    assert series["running"] == [0, 1, 2, 0, 1]
+    assert len(stats._series._samples) <= 5  # bounded memory, not just a bounded answer
+    clock.now = 1000.0  # long idle: the last state carries on
+    series = stats.snapshot(EngineState(), "m", 500.0, 0)["series"]
+    assert series["output_tokens_per_s"] == [0] * 5 and series["running"] == [1] * 5
+
+
+def test_the_ttft_histogram_counts_finished_requests_by_bucket():
+    stats = LiveStats(clock=FakeClock(0.0))
+    stats.on_step(step(0.1, 1, running=1, ttfts=(0.0015, 0.3, 0.3, 7.0, 500.0)))
+    histogram = stats.snapshot(EngineState(), "m", 0.1, 0)["ttft_histogram"]
+    counts = dict(zip(histogram["le_ms"] + [None], histogram["counts"]))
+    assert {le: n for le, n in counts.items() if n} == {2: 1, 500: 2, 10_000: 1, None: 1}
+    assert histogram["le_ms"] == sorted(histogram["le_ms"]) and len(histogram["counts"]) == len(histogram["le_ms"]) + 1

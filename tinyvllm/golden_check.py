@@ -3,7 +3,7 @@
 The error of a stage is measured relative to the stage's scale, so one number works for embeddings
 (~0.02) and logits (~10) alike:
     max_abs = max |ours - golden|        max_rel = max_abs / max |golden|
-A stage passes when max_rel <= rtol (README.md says why the default is what it is).
+A stage passes when max_rel <= rtol (docs/internals.md, "Tolerances", says why the default is what it is).
 Greedy continuations must agree token for token.
 """
 from __future__ import annotations

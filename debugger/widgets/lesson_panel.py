@@ -14,16 +14,6 @@ TOUR_KEYS = "n next chapter · p back · o its code · pgup/pgdn scroll · L hid
 FREE_KEYS = "o its code · n starts the tour · pgup/pgdn scroll · L hide"
 
 
-def lesson_body(lesson: Lesson) -> str:
-    """The markdown after the title line and the header lines (the panel shows those as its heading)."""
-    lines = lesson.text.splitlines()[1:]
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    while lines and lines[0].strip():   # the Key: value header block
-        lines.pop(0)
-    return "\n".join(lines).strip() + "\n"
-
-
 class LessonPanel(Vertical):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -53,7 +43,7 @@ class LessonPanel(Vertical):
             where.update(Text.assemble(("stage ", "dim"), lesson.stage, ("\ncode ", "dim"), code))
         if lesson is not self.lesson:
             self.lesson = lesson
-            self.query_one("#lesson-text", Markdown).update(lesson_body(lesson) if lesson else "")
+            self.query_one("#lesson-text", Markdown).update(lesson.body if lesson else "")
             self.query_one("#lesson-scroll", VerticalScroll).scroll_home(animate=False)
 
     def scroll_text(self, pages: int) -> None:

@@ -36,8 +36,9 @@ FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)")
 INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 PATH_SPAN = re.compile(r"^[\w.-]+(?:/[\w.-]+)+\.(?:md|toml|json|txt|sh|tcss|npz|cfg|yml|yaml)$")
 STAGE_SPAN = re.compile(r"^layers\.\d+\.\w+$")
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
 INTERACTIVE = ("debug", "serve")  # commands that open an app or a server: parsed, not run
-COMMAND_TIMEOUT_S = 600
+COMMAND_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,8 @@ def interactive_argv(command: str) -> list[str] | None:
         words = shlex.split(command)
     except ValueError:
         return None
+    while words and ENV_ASSIGNMENT.match(words[0]):  # NUMBA_ENABLE_CUDASIM=1 tinyvllm debug
+        words = words[1:]
     if words[:1] == ["tinyvllm"]:
         argv = words[1:]
     elif words[:3] == ["python", "-m", "tinyvllm"]:
@@ -193,7 +196,7 @@ def check_console(lesson: Lesson) -> list[Problem]:
             continue
         try:
             run = subprocess.run(cmd.command, shell=True, cwd=SOURCE_ROOT, env=simulator_env(), text=True,
-                                 capture_output=True, timeout=COMMAND_TIMEOUT_S)
+                                 capture_output=True, stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             problems.append(Problem(lesson.path, cmd.line, f"$ {cmd.command}: still running after "
                                     f"{COMMAND_TIMEOUT_S} s"))

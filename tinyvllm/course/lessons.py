@@ -20,7 +20,7 @@ LESSON_FILE = re.compile(r"^(\d\d)-([a-z0-9][a-z0-9-]*)\.md$")
 TITLE = re.compile(r"^# (\d\d)\. (\S.*)$")
 HEADER = re.compile(r"^([A-Z][A-Za-z ]*): (.*)$")
 REFERENCE = re.compile(r"^(?P<path>[\w./-]+\.py)(?::(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?))?$")
-HEADER_KEYS = {"Stage": "stage", "Code": "code", "Lesson code": "lesson_code"}
+HEADER_KEYS = ("Stage", "Code", "Lesson code")
 REQUIRED_KEYS = ("Stage", "Code")
 
 
@@ -116,6 +116,12 @@ class Lesson:
     text: str              # the whole markdown file
     path: Path
     stage_line: int        # the line of the Stage header, for error messages
+    body_line: int         # the first line after the header block: where `body` starts
+
+    @property
+    def body(self) -> str:
+        """The markdown after the title and the header lines (what a panel beside the title shows)."""
+        return "\n".join(self.text.splitlines()[self.body_line - 1:]).strip("\n") + "\n"
 
     @property
     def name(self) -> str:
@@ -183,10 +189,11 @@ def load_lesson(path: Path) -> Lesson:
         raise CourseError(path, 1, f"the first line must be '# {number:02d}. Title'")
     if int(title[1]) != number:
         raise CourseError(path, 1, f"the title's number {title[1]} is not the file's {number:02d}")
-    header, header_lines = {}, {}
+    header, header_lines, body_line = {}, {}, len(lines) + 1
     for i, line in enumerate(lines[1:], start=2):
         if not line.strip():
             if header:
+                body_line = i + 1
                 break
             continue
         h = HEADER.match(line)
@@ -203,7 +210,7 @@ def load_lesson(path: Path) -> Lesson:
                    if "Lesson code" in header else ())
     return Lesson(number=number, slug=slug, title=title[2].strip(), stage=header["Stage"],
                   code=_references(header["Code"], path, header_lines["Code"]), lesson_code=lesson_code,
-                  text=text, path=path, stage_line=header_lines["Stage"])
+                  text=text, path=path, stage_line=header_lines["Stage"], body_line=body_line)
 
 
 def load_lessons(directory: Path = LESSONS_DIR) -> list[Lesson]:

@@ -210,3 +210,30 @@ def rms(x: np.ndarray) -> np.ndarray:
     """Each row's root mean square, sqrt(mean(x^2)), over its last axis."""
     x = np.asarray(x, dtype=np.float64)
     return np.sqrt((x * x).mean(axis=-1))
+
+
+def paged_vs_contiguous(block_table: list[int], num_tokens: int = 10, block_size: int = 4) -> None:
+    """The same random q, K, V (4 heads, 2 KV heads, head_dim 16) attended to twice: K/V stored through
+    `block_table` in a paged pool and read by the engine's paged_attention_per_query, and stored in
+    lessons/contiguous_cache.py's contiguous cache and read by its kernel. Prints the slots and whether the two
+    outputs are bit for bit equal."""
+    from numba import cuda
+    from kernels_numba.attention.paged_kv import write_kv_paged
+    from kernels_numba.attention.per_query import paged_attention_per_query
+    from lessons.contiguous_cache import attention, write_kv
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((num_tokens, 4, 16)).astype(np.float32)
+    k, v = rng.standard_normal((2, num_tokens, 2, 16)).astype(np.float32)
+    table, positions = np.array([block_table], np.int32), np.arange(num_tokens, dtype=np.int32)
+    slots = (table[0, positions // block_size] * block_size + positions % block_size).astype(np.int32)
+    seq, d, scale = np.zeros(num_tokens, np.int32), cuda.to_device, 0.25
+    pool_shape = (max(block_table) + 1, block_size, 2, 16)
+    k_pool, v_pool = d(np.zeros(pool_shape, np.float32)), d(np.zeros(pool_shape, np.float32))
+    write_kv_paged(d(k), d(v), k_pool, v_pool, d(slots))
+    paged = paged_attention_per_query(d(q), k_pool, v_pool, d(table), d(seq), d(positions), scale).copy_to_host()
+    cache_shape = (1, len(block_table) * block_size, 2, 16)
+    k_cache, v_cache = d(np.zeros(cache_shape, np.float32)), d(np.zeros(cache_shape, np.float32))
+    write_kv(d(k), d(v), k_cache, v_cache, d(seq), d(positions))
+    contiguous = attention(d(q), k_cache, v_cache, d(seq), d(positions), scale).copy_to_host()
+    print(f"slots of positions 0..{num_tokens - 1}: {slots.tolist()}")
+    print(f"paged == contiguous, bit for bit: {np.array_equal(paged, contiguous)}")

@@ -16,7 +16,7 @@ from pydantic import Strict as StrictType
 
 MAX_TOP_LOGPROBS = 20
 
-# Numbers in request bodies are strict, as the README promises: "8" or true for an integer is a 400 naming
+# Numbers in request bodies are strict, as docs/serving.md promises: "8" or true for an integer is a 400 naming
 # the field (pydantic's lax mode would turn them into 8 and 1). A number may be given as an integer (1 for 1.0),
 # as JSON does not tell them apart.
 Int = Annotated[int, StrictType()]

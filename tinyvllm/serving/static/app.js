@@ -1,8 +1,9 @@
 // The tinyvllm chat page. Sends a chat or a completion with stream: true and reads the server-sent events
-// from fetch's ReadableStream; polls GET /state every second for the server panel. No libraries.
+// from fetch's ReadableStream; polls GET /state every second (or every ?poll_ms=N) for the server panel and
+// its charts (charts.js). No libraries.
 "use strict";
 
-const STATE_POLL_MS = 1000;
+const STATE_POLL_MS = Math.max(100, Number(new URLSearchParams(location.search).get("poll_ms")) || 1000);
 const $ = (id) => document.getElementById(id);
 
 let history = [];          // the chat so far, [{role, content}], sent again with each chat turn
@@ -154,7 +155,27 @@ function renderState(s) {
   const http = s.http_errors || {};
   $("state-http-errors").textContent = `${http["4xx"]} / ${http["5xx"]}`;
   $("state-http-errors").classList.toggle("bad", http["5xx"] > 0);  // a client's 4xx is not the server's fault
+  renderCharts(s);
   $("state-updated").textContent = `updated ${new Date().toLocaleTimeString()} · ${s.steps} steps · up ${s.uptime_s.toFixed(0)} s`;
+}
+
+// Each chart's current value is the table's (the series ends with the last whole second).
+function renderCharts(s) {
+  const series = s.series;
+  const kvPercent = series.kv_cache_usage.map((u) => 100 * u);
+  $("chart-tok-s").innerHTML = Charts.timeSeries({
+    lines: [{ values: series.output_tokens_per_s, cls: "tok-s" }], seconds: series.seconds });
+  $("chart-tok-s-now").textContent = s.output_tokens_per_s.toFixed(1);
+  $("chart-requests").innerHTML = Charts.timeSeries({
+    lines: [{ values: series.waiting, cls: "waiting" }, { values: series.running, cls: "running" }],
+    seconds: series.seconds });
+  $("chart-requests-now").textContent = `${s.running} / ${s.waiting}`;
+  $("chart-kv").innerHTML = Charts.timeSeries({
+    lines: [{ values: kvPercent, cls: "kv" }], seconds: series.seconds, top: 100, unit: "%" });
+  $("chart-kv-now").textContent = `${(100 * s.kv_cache_usage).toFixed(1)} %`;
+  const ttft = s.ttft_histogram;
+  $("chart-ttft").innerHTML = Charts.histogram({ bounds: ttft.le_ms, counts: ttft.counts });
+  $("chart-ttft-now").textContent = `${ttft.counts.reduce((a, b) => a + b, 0)} requests`;
 }
 
 async function pollState() {
