@@ -1,7 +1,11 @@
 """The course's tour in the debugger, through Pilot (headless): `tinyvllm debug --tour` walks every lesson at its
 stage, the lesson beside the tensor panel; `o` shows the code a lesson cites; a user who stops at a lesson's stage
 on their own gets that lesson (L)."""
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from textual.widgets import Static
@@ -14,6 +18,7 @@ from tinyvllm.cli import parse_args
 from tinyvllm.course import load_lessons
 
 LESSONS = load_lessons()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def at_stage(app, stage: str) -> bool:
@@ -112,3 +117,12 @@ def test_n_starts_the_tour_and_p_goes_back_a_chapter_on_a_100_by_30_screen():
         await press(pilot, "p")
         assert shown(app, "#status").endswith("the tour's first chapter")
     drive(app, scenario, size=(100, 30))
+
+
+def test_tour_with_replay_is_refused_in_one_line(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "tinyvllm.cli", "debug", "--tour", "--replay", "session.jsonl"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("error: --tour steps the debugger's own requests; it does not combine with "
+                                   "--replay"), done.stderr
