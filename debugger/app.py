@@ -343,7 +343,8 @@ class DebuggerApp(App):
                 self.set_status("the course has no lessons to tour")
                 return
             self.tour, delta = Tour(self.course()), 0
-        tour, target = self.tour, self.tour.index + delta
+        tour = self.tour
+        target = tour.index + (delta if tour.arrived or delta <= 0 else 0)   # n after a stop on the way: go on
         if not 0 <= target < len(tour.lessons):
             self.set_status(f"{tour.heading}: the tour's {'last' if delta > 0 else 'first'} chapter")
             return

@@ -55,6 +55,7 @@ def reach(session: Session, stage: str, cancelled=None, progress=None) -> RunRes
 class Tour:
     lessons: list[Lesson]
     index: int = 0        # the chapter shown (0-based)
+    arrived: bool = False  # whether the session got to its stage (not cancelled or stopped on the way)
 
     def __post_init__(self):
         if not self.lessons:
@@ -70,21 +71,13 @@ class Tour:
         lesson = self.lesson
         return f"chapter {self.index + 1} of {len(self.lessons)} · {lesson.number:02d}. {lesson.title}"
 
-    def go(self, delta: int) -> bool:
-        """Move to the next (1) or previous (-1) chapter; False at either end."""
-        index = self.index + delta
-        if not 0 <= index < len(self.lessons):
-            return False
-        self.index = index
-        return True
-
     def run(self, session: Session, cancelled=None, progress=None) -> str:
         """Run the session to this chapter's stage; what happened, in a line for the status bar."""
         stage, engine = self.lesson.stage, session.engine
         result = reach(session, stage, cancelled, progress)
-        if result is not None and not reached(session, stage):   # cancelled, or a standing breakpoint hit
-            why = result.detail or result.reason
-            return f"{self.heading}: stopped short of {stage} ({why}); n runs on"
+        self.arrived = result is None or reached(session, stage)
+        if not self.arrived:   # cancelled, or a standing breakpoint hit on the way
+            return f"{self.heading}: stopped short of {stage} ({result.detail or result.reason}); n runs on to it"
         fresh = " (the requests had finished: a fresh engine)" if session.engine is not engine else ""
         return f"{self.heading} · at {stage}, step {session.view().step}{fresh}"
 

@@ -126,3 +126,22 @@ def test_tour_with_replay_is_refused_in_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip() == ("error: --tour steps the debugger's own requests; it does not combine with "
                                    "--replay"), done.stderr
+
+
+def test_a_standing_breakpoint_on_the_way_stops_the_tour_short_and_n_goes_on_to_the_same_chapter():
+    from debugger.tour import Tour
+    k = next(i for i, lesson in enumerate(LESSONS) if lesson.stage not in ("start", "step-end", "embedding"))
+    lesson = LESSONS[k]
+    app = debug_app(parse_args(["debug"]))
+    app.tour = Tour(LESSONS, index=k - 1, arrived=True)     # as if the tour stood at the chapter before
+
+    async def scenario(pilot):
+        await pilot.press("B", *"stage embedding", "enter")
+        await press(pilot, "n")
+        assert shown(app, "#status").endswith(f"stopped short of {lesson.stage} (stage embedding); n runs on to it")
+        assert at_stage(app, "embedding")
+        await press(pilot, "n")
+        where = f"chapter {k + 1} of {len(LESSONS)} · {lesson.number:02d}. {lesson.title}"
+        assert shown(app, "#lesson-title") == where
+        assert at_stage(app, lesson.stage)
+    drive(app, scenario, size=(160, 50))
