@@ -23,7 +23,10 @@ from debugger.session import (BREAKPOINT_HELP, ArrivalRecord, Breakpoint, RunRes
                       StepRecord)
 from debugger.widgets.block_table_panel import BlockTablePanel
 from debugger.widgets.golden_diff import GoldenDiffPanel
+from debugger.tour import Tour, excerpts, lesson_here, position
 from debugger.widgets.help_screen import HelpScreen, TextScreen
+from debugger.widgets.lesson_panel import LessonPanel
+from debugger.widgets.source_screen import SourceScreen
 from debugger.widgets.scheduler_panel import SchedulerPanel
 from debugger.widgets.tensor_inspector import TensorInspector
 from debugger.widgets.timeline import TimelinePanel
@@ -98,6 +101,12 @@ class DebuggerApp(App):
         Binding("x", "cancel", "cancel"),
         Binding("w", "record", "rec"),
         Binding("v", "report", "report"),
+        Binding("n", "chapter(1)", "tour"),   # the course's tour: the next chapter
+        Binding("p", "chapter(-1)", "back", show=False),
+        Binding("o", "lesson_code", "code", show=False),
+        Binding("L", "toggle_lesson", "lesson", show=False),
+        Binding("pagedown", "scroll_lesson(1)", "lesson", show=False),
+        Binding("pageup", "scroll_lesson(-1)", "lesson", show=False),
         Binding("left_square_bracket", "row(-1)", "row", show=False),
         Binding("right_square_bracket", "row(1)", "row", show=False),
         Binding("question_mark", "help", "help"),
@@ -105,9 +114,14 @@ class DebuggerApp(App):
         Binding("escape", "close_input", "close", show=False),
     ]
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, tour: Tour | None = None):
         super().__init__()
         self.session = session
+        self.tour = tour
+        self.lessons = None               # the course's lessons, read at the first stop (debugger/tour.py)
+        self.stage_here = "start"         # where the session stands, as a lesson's Stage header names it
+        self.stage_lesson = None          # the lesson about that stage
+        self.lesson_visible: bool | None = None   # L: shown / hidden; None: shown in the tour only
         self.busy = False
         self.input_mode: str | None = None
         self.failure: BaseException | None = None   # what ended the app, if an exception did
@@ -132,6 +146,8 @@ class DebuggerApp(App):
             return feed is not None and hasattr(feed, "summary")
         if action == "reset":
             return feed is None
+        if action == "chapter":   # the tour steps the debugger's own requests, resetting when they finish
+            return feed is None
         return True
 
     def compose(self) -> ComposeResult:
@@ -140,6 +156,7 @@ class DebuggerApp(App):
         yield SchedulerPanel(id="scheduler")
         with Horizontal(id="middle"):
             yield TensorInspector(id="inspector")
+            yield LessonPanel(id="lesson")
             yield GoldenDiffPanel(id="golden")
         with Horizontal(id="bottom"):
             yield BlockTablePanel(id="blocks")
@@ -153,6 +170,8 @@ class DebuggerApp(App):
         if self.session.feed is not None:
             self.session.feed.on_change = lambda: self.post_message(FeedChanged())
         self.show(self.session.view())
+        if self.tour is not None:
+            self.action_chapter(0)
 
     def show(self, view: SessionView) -> None:
         self.query_one(SchedulerPanel).show(view)
@@ -164,6 +183,10 @@ class DebuggerApp(App):
         stage = f" · {view.stage.name}" if view.stage is not None and view.in_step else ""
         state = run_state(view, self.session.feed)
         self.sub_title = f"step {view.step}{stage}" + (f" · {state}" if state else "")
+        self.stage_here, self.stage_lesson = position(view), lesson_here(view, self.course())
+        self.show_lesson()
+        if view.in_step and self.stage_lesson is not None and self.tour is None and not self.lesson_visible:
+            self.sub_title += f" · lesson {self.stage_lesson.number:02d}: L"   # a forward-pass stage a lesson explains
 
     def on_resize(self, event: events.Resize) -> None:
         """Below MIN_SIZE: a warning across the top, and the panels that cannot fit (tensor, golden) hidden."""
@@ -290,6 +313,62 @@ class DebuggerApp(App):
         self.set_status(summary)
         if message.failed:
             self.notify(message.summary, severity="error", markup=False)
+
+    # ---- the course: its tour and the lesson panel (debugger/tour.py) --------------------------------
+    def course(self) -> list:
+        if self.lessons is None:
+            from tinyvllm.course import CourseError, load_lessons
+            try:
+                self.lessons = load_lessons()
+            except CourseError as e:   # a broken lesson file takes the lessons away, not the debugger
+                self.lessons = []
+                self.notify(f"no lessons: {e}", severity="warning", markup=False)
+        return self.lessons
+
+    def show_lesson(self) -> None:
+        visible = self.tour is not None if self.lesson_visible is None else self.lesson_visible
+        self.query_one("#middle").set_class(visible, "-lesson")
+        if visible and self.tour is not None:
+            self.query_one(LessonPanel).show(self.tour.lesson, self.tour.heading, self.stage_here, True)
+        elif visible:
+            self.query_one(LessonPanel).show(self.stage_lesson, None, self.stage_here, False)
+
+    def action_chapter(self, delta: int) -> None:
+        """n: the tour's next chapter (outside the tour: start it, at chapter 1); p: back one."""
+        if self.busy:
+            self.set_status("busy: x cancels the running command first")
+            return
+        if self.tour is None:
+            if not self.course():
+                self.set_status("the course has no lessons to tour")
+                return
+            self.tour, delta = Tour(self.course()), 0
+        tour = self.tour
+        target = tour.index + (delta if tour.arrived or delta <= 0 else 0)   # n after a stop on the way: go on
+        if not 0 <= target < len(tour.lessons):
+            self.set_status(f"{tour.heading}: the tour's {'last' if delta > 0 else 'first'} chapter")
+            return
+        if delta < 0:
+            self.launch(f"back to chapter {target + 1}", lambda s, cancelled, progress:
+                        tour.replay_to(s, target, cancelled, progress))
+        else:
+            tour.index = target
+            self.launch(f"chapter {target + 1}", lambda s, cancelled, progress: tour.run(s, cancelled, progress))
+        self.show_lesson()
+
+    def action_toggle_lesson(self) -> None:
+        self.lesson_visible = not self.query_one("#middle").has_class("-lesson")
+        self.show_lesson()
+
+    def action_scroll_lesson(self, pages: int) -> None:
+        self.query_one(LessonPanel).scroll_text(pages)
+
+    def action_lesson_code(self) -> None:
+        lesson = self.tour.lesson if self.tour is not None else self.stage_lesson
+        if lesson is None:
+            self.set_status("no lesson explains this stage: o shows a lesson's code (n starts the tour)")
+            return
+        self.push_screen(SourceScreen(f"{lesson.number:02d}. {lesson.title}: its code", excerpts(lesson)))
 
     def edit_breakpoints(self, text: str) -> str:
         """`clear`, `del N` (1-based, as listed), or a breakpoint spec to add; ValueError if unreadable."""

@@ -19,13 +19,21 @@ def add_arguments(p) -> None:
                    help="also step an engine of the other precision (fp32 <-> fast) on the same requests, in "
                         "lockstep: the golden diff panel shows each stage's max |main - other| and max rel, until "
                         "the two sample different tokens")
+    p.add_argument("--tour", action="store_true",
+                   help="the course's tour: step the engine chapter by chapter (n: next), each lesson beside the "
+                        "tensor panel at the stage it explains (tinyvllm/course/lessons/)")
     p.set_defaults(block_size=4, num_blocks=64, precision="fp32")  # small blocks: a readable pool grid
 
 
 def debug_app(args):
     """The debugger app `tinyvllm debug` runs, on an engine and session made from the arguments."""
     from debugger.app import DebuggerApp
-    return DebuggerApp(trace.session_from_args(args, build_engine(args)))
+    tour = None
+    if getattr(args, "tour", False):
+        from debugger.tour import Tour
+        from tinyvllm.course import load_lessons
+        tour = Tour(load_lessons())
+    return DebuggerApp(trace.session_from_args(args, build_engine(args)), tour)
 
 
 def run(args) -> int:
@@ -39,6 +47,8 @@ def run(args) -> int:
 
 
 def _run_replay(args) -> int:
+    if args.tour:
+        raise TinyVLLMError("--tour steps the debugger's own requests; it does not combine with --replay")
     if args.compare_precision:
         raise TinyVLLMError("--compare-precision steps the debugger's own requests; it does not combine with --replay")
     from debugger.serve_debug import run_debug_replay

@@ -1,8 +1,9 @@
 """Make docs/debugger.svg: the demo model with its goldens, stepped through its first layer (press `l`);
 with --serve, docs/serve-debug.svg: `tinyvllm serve --debug` with two streaming HTTP clients, recording,
-after one decode step (`d`).
+after one decode step (`d`); with --tour, docs/course-tour.svg: `tinyvllm debug --tour` walked (`n`) to the
+RMSNorm chapter.
 
-    python -m debugger.screenshot [--serve] [--out FILE]     (runs in the simulator unless told otherwise)
+    python -m debugger.screenshot [--serve | --tour] [--out FILE]     (runs in the simulator unless told otherwise)
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DEFAULT_OUT = DOCS / "debugger.svg"
 SERVE_OUT = DOCS / "serve-debug.svg"
+TOUR_OUT = DOCS / "course-tour.svg"
+TOUR_CHAPTER = "rmsnorm"
 
 
 async def take(out: Path, size=(160, 48)) -> None:
@@ -27,6 +30,25 @@ async def take(out: Path, size=(160, 48)) -> None:
     async with app.run_test(size=size) as pilot:
         await pilot.press("l")
         await app.workers.wait_for_complete()
+        await pilot.pause()
+        app.save_screenshot(filename=out.name, path=str(out.parent))
+
+
+async def take_tour(out: Path, size=(160, 48)) -> None:
+    from tinyvllm.cli import parse_args
+
+    from debugger.cli import debug_app
+    app = debug_app(parse_args(["debug", "--tour"]))
+    async with app.run_test(size=size) as pilot:
+        while True:
+            await app.workers.wait_for_complete()
+            while app.busy:   # the run's last message (RunFinished) is on its way
+                await pilot.pause(0.05)
+            if app.tour.lesson.slug == TOUR_CHAPTER:
+                break
+            if app.tour.index == len(app.tour.lessons) - 1:
+                raise SystemExit(f"the course has no {TOUR_CHAPTER} chapter")
+            await pilot.press("n")
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
@@ -90,12 +112,14 @@ async def take_serving(out: Path, size=(160, 48)) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--serve", action="store_true", help="serve --debug with two HTTP clients instead")
+    shot = parser.add_mutually_exclusive_group()
+    shot.add_argument("--serve", action="store_true", help="serve --debug with two HTTP clients instead")
+    shot.add_argument("--tour", action="store_true", help=f"the course's tour at its {TOUR_CHAPTER} chapter instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-    out = args.out or (SERVE_OUT if args.serve else DEFAULT_OUT)
-    asyncio.run(take_serving(out) if args.serve else take(out))
+    out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else DEFAULT_OUT)
+    asyncio.run(take_serving(out) if args.serve else take_tour(out) if args.tour else take(out))
     print(f"wrote {out}")
 
 

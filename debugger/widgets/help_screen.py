@@ -29,6 +29,10 @@ KEYS = (
     ("v", "the replay report (tinyvllm debug --replay FILE): each finished request's tokens against the "
           "recorded answer"),
     ("[ ]", "previous / next token row in the tensor inspector"),
+    ("n", "the course's tour: run on to the next chapter's stage, its lesson beside the tensor panel (p: back one)"),
+    ("L", "show / hide the lesson panel: the course's lesson about the stage you stopped at (page up / down "
+          "scroll it)"),
+    ("o", "the code the lesson cites (its first Code reference and its Lesson code)"),
     ("?", "this help (escape closes it)"),
     ("q", "quit"),
 )
