@@ -141,7 +141,6 @@ def select(prepared: list[PreparedTask], config: EvalConfig) -> dict[str, list[i
 
 
 def run_task(prepared: PreparedTask, selected: list[int], config: EvalConfig, backend, tokenizer) -> TaskRun:
-    assert all(prepared.prompt_ids[i] is not None for i in selected), "a selected question was not tokenized"
     results = [ItemResult(q.task, q.id, q.subject, q.answer, prompt_tokens=len(prepared.prompt_ids[i]))
                for i in selected for q in [prepared.questions[i]]]
     generative = config.mode == "generative"
