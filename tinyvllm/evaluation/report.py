@@ -55,7 +55,9 @@ def task_summary(run: TaskRun, config: EvalConfig) -> dict:
     seconds = run.seconds
     edges = length_edges(config.max_context)
     lengths = p.lengths
-    histograms = {"edges": edges, "prompt_full": histogram(lengths, edges),
+    measured = [n for n in lengths if n is not None]  # all, or those the selection needed (runner.prepare_task)
+    histograms = {"edges": edges, "prompt_full": histogram(measured, edges),
+                  "prompt_full_label": "full set" if len(measured) == len(lengths) else "sampled from",
                   "prompt_subset": histogram([lengths[i] for i in run.selected], edges)}
     if config.mode == "generative":
         histograms["output_edges"] = length_edges(config.max_gen_tokens, first=1)
@@ -116,7 +118,8 @@ def write_report(report: dict, runs: list[TaskRun], out: Path, plot: bool, log) 
     if plot:
         for name, summary in report["tasks"].items():
             h = summary["length_histograms"]
-            panels = [(f"{name}: prompt tokens", h["edges"], {"full set": h["prompt_full"], "subset": h["prompt_subset"]})]
+            columns = {h["prompt_full_label"]: h["prompt_full"], "subset": h["prompt_subset"]}
+            panels = [(f"{name}: prompt tokens", h["edges"], columns)]
             if "output_subset" in h:
                 panels.append((f"{name}: output tokens", h["output_edges"], {"subset": h["output_subset"]}))
             path = out / f"lengths_{name}.png"
@@ -151,7 +154,7 @@ def format_summary(report: dict) -> str:
                              f"[{_pct(a['ci95'][0])}, {_pct(a['ci95'][1])}]")
         h = s["length_histograms"]
         lines.append(format_histograms("prompt tokens", h["edges"],
-                                       {"full set": h["prompt_full"], "subset": h["prompt_subset"]}))
+                                       {h["prompt_full_label"]: h["prompt_full"], "subset": h["prompt_subset"]}))
         if "output_subset" in h:
             lines.append(format_histograms("output tokens", h["output_edges"], {"subset": h["output_subset"]}))
     return "\n".join(lines)

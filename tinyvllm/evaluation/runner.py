@@ -1,6 +1,6 @@
-"""One evaluation run: prompts for a task's full set, the subset, the context cap, the backend, the results.
+"""One evaluation run: the prompts it needs, the subset, the context cap, the backend, the results.
 
-    prepare_task(task, config, tokenizer) -> PreparedTask     every question's prompt and prompt length
+    prepare_task(task, config, tokenizer) -> PreparedTask     the prompts and lengths the selection and run need
     run_task(prepared, config, backend)   -> TaskRun          the selected questions scored, one ItemResult each
 
 A prompt that does not fit the context cap (`max_context`: prompt + longest continuation, or prompt +
@@ -16,7 +16,7 @@ from tinyvllm.evaluation.backends import Failure, GenerationJob, LoglikelihoodJo
 from tinyvllm.evaluation.progress import Progress
 from tinyvllm.evaluation.prompts import ANSWER_PREFIX, chat_messages, loglikelihood_prompt
 from tinyvllm.evaluation.scoring import ERROR, OK, TOO_LONG, UNPARSEABLE, ItemResult, best_choice, parse_answer_letter
-from tinyvllm.evaluation.subset import read_subset, select_subset, stratified_sample
+from tinyvllm.evaluation.subset import read_subset, sampled_subjects, select_subset, stratified_sample
 from tinyvllm.evaluation.tasks import GPQA_ORDERS, TASKS, Question, load_gpqa_diamond, mmlu_dev_by_subject
 
 MODES = ("loglikelihood", "generative")
@@ -61,16 +61,17 @@ class EvalConfig:
 class PreparedTask:
     task: str
     questions: list[Question]
-    texts: list[str]                       # the prompt as text (generative: rendered chat + answer prefix)
-    prompt_ids: list[list[int]]
+    # per question, None where the run does not read it (runner.questions_to_tokenize)
+    texts: list[str | None]                # the prompt as text (generative: rendered chat + answer prefix)
+    prompt_ids: list[list[int] | None]
     continuations: tuple[str, ...] = ()    # loglikelihood
-    messages: list[list[dict]] = field(default_factory=list)  # generative
+    messages: list[list[dict] | None] = field(default_factory=list)  # generative
     num_fewshot: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
-    def lengths(self) -> list[int]:
-        return [len(ids) for ids in self.prompt_ids]
+    def lengths(self) -> list[int | None]:
+        return [None if ids is None else len(ids) for ids in self.prompt_ids]
 
 
 @dataclass
@@ -83,24 +84,49 @@ class TaskRun:
 
 
 def prepare_task(task: str, config: EvalConfig, tokenizer) -> PreparedTask:
+    """Every question, and the prompts (text and ids) of those `select` and `run_task` read
+    (`questions_to_tokenize`); the others' prompt fields are None."""
     questions = load_gpqa_diamond(order=config.gpqa_order) if task == "gpqa_diamond" else TASKS[task]()
     notes = []
     k = config.num_fewshot if task == "mmlu" else 0
     if config.num_fewshot and task != "mmlu":
         notes.append(f"{task} has no few-shot split: run 0-shot")
+    wanted = questions_to_tokenize(task, questions, config)
+    if len(wanted) < len(questions):
+        notes.append(f"prompt lengths of {len(wanted)} of {len(questions)} questions measured: "
+                     + ("those of the subjects the --limit sample draws from" if config.limit else "the --subset's"))
     dev = mmlu_dev_by_subject() if k else {}
-    shots = [dev.get(q.subject, [])[:k] for q in questions]
-    if config.mode == "loglikelihood":
-        texts, continuations = [], ()
-        for q, s in zip(questions, shots):
-            text, continuations = loglikelihood_prompt(q, s)
-            texts.append(text)
-        ids = _encode_batch(tokenizer, texts, config.add_special_tokens)
-        return PreparedTask(task, questions, texts, ids, continuations, num_fewshot=k, notes=notes)
-    messages = [chat_messages(q, s) for q, s in zip(questions, shots)]
-    texts = [tokenizer.apply_chat_template(m) + config.answer_prefix for m in messages]
-    ids = _encode_batch(tokenizer, texts, False)  # the chat template writes the special tokens itself
-    return PreparedTask(task, questions, texts, ids, messages=messages, num_fewshot=k, notes=notes)
+    shots = {i: dev.get(questions[i].subject, [])[:k] for i in wanted}
+    generative = config.mode == "generative"
+    texts: list[str | None] = [None] * len(questions)
+    messages: list[list[dict] | None] = [None] * len(questions)
+    continuations = ()
+    for i in wanted:
+        if generative:
+            messages[i] = chat_messages(questions[i], shots[i])
+            texts[i] = tokenizer.apply_chat_template(messages[i]) + config.answer_prefix
+        else:
+            texts[i], continuations = loglikelihood_prompt(questions[i], shots[i])
+    # a chat template writes its special tokens itself
+    ids = _encode_batch(tokenizer, [texts[i] for i in wanted], config.add_special_tokens and not generative)
+    prompt_ids: list[list[int] | None] = [None] * len(questions)
+    for i, row in zip(wanted, ids):
+        prompt_ids[i] = row
+    return PreparedTask(task, questions, texts, prompt_ids, continuations, messages if generative else [],
+                        num_fewshot=k, notes=notes)
+
+
+def questions_to_tokenize(task: str, questions: list[Question], config: EvalConfig) -> list[int]:
+    """Indices (ascending) of the questions whose prompts the run reads: with --limit every question of the
+    subjects the sample draws from (it orders each one's questions by prompt length), with --subset the named
+    ones, else all. Tokenizing only these keeps `--limit 8` from tokenizing all of MMLU first."""
+    if config.limit:
+        subjects = sampled_subjects([q.subject for q in questions], config.limit, config.seed)
+        return [i for i, q in enumerate(questions) if q.subject in subjects]
+    if config.subset:
+        entries = set(read_subset(config.subset))  # bare ids or task:id, as select_subset reads them
+        return [i for i, q in enumerate(questions) if q.id in entries or f"{task}:{q.id}" in entries]
+    return list(range(len(questions)))
 
 
 def select(prepared: list[PreparedTask], config: EvalConfig) -> dict[str, list[int]]:

@@ -5,8 +5,9 @@ the floors of N * size / total, then one more for the largest remainders, ties b
 per-subject counts are within rounding of proportional; within a subject the questions are sorted by prompt
 token length and picked systematically (one from each of n equal slices of the sorted list, at a seeded
 offset), so the subset's length distribution follows the full set's. Same seed and same lengths: same
-subset. `--subset FILE` names the questions instead (ids one per line, or an earlier run's results.json),
-e.g. to put a model with another tokenizer on exactly the same questions.
+subset. Which subjects get a share depends on the subject sizes alone (`sampled_subjects`), so only their
+questions need a prompt length. `--subset FILE` names the questions instead (ids one per line, or an earlier
+run's results.json), e.g. to put a model with another tokenizer on exactly the same questions.
 """
 from __future__ import annotations
 
@@ -34,26 +35,42 @@ def allocate(sizes: dict[str, int], n: int, seed: int = 0) -> dict[str, int]:
     return counts
 
 
-def stratified_sample(subjects: list[str], lengths: list[int], n: int, seed: int = 0) -> list[int]:
-    """Indices (ascending) of n items stratified by subject and, within each subject, by length."""
+def stratified_sample(subjects: list[str], lengths: list[int | None], n: int, seed: int = 0) -> list[int]:
+    """Indices (ascending) of n items stratified by subject and, within each subject, by length. Only the
+    lengths of `sampled_subjects(subjects, n, seed)` are read; the others may be None."""
     assert len(subjects) == len(lengths)
     if n >= len(subjects):
         return list(range(len(subjects)))
-    members: dict[str, list[int]] = {}
-    for i, subject in enumerate(subjects):
-        members.setdefault(subject, []).append(i)
+    members = _members(subjects)
     counts = allocate({s: len(m) for s, m in members.items()}, n, seed)
     chosen = []
     for subject, indices in members.items():
         k = counts[subject]
         if k == 0:
             continue
+        assert all(lengths[i] is not None for i in indices), f"{subject}: the sample needs every length"
         ordered = sorted(indices, key=lambda i: (lengths[i], i))
         step = len(ordered) / k
         offset = np.random.default_rng(int.from_bytes(_seeded_key(seed, subject)[:8], "little")).random()
         chosen += [ordered[min(int((j + offset) * step), len(ordered) - 1)] for j in range(k)]
     assert len(chosen) == n and len(set(chosen)) == n
     return sorted(chosen)
+
+
+def sampled_subjects(subjects: list[str], n: int, seed: int = 0) -> set[str]:
+    """The subjects `stratified_sample` draws n items from (their allocation is not zero): the only ones whose
+    lengths it needs, so a caller can measure those alone."""
+    if n >= len(subjects):
+        return set(subjects)
+    counts = allocate({s: len(m) for s, m in _members(subjects).items()}, n, seed)
+    return {subject for subject, k in counts.items() if k}
+
+
+def _members(subjects: list[str]) -> dict[str, list[int]]:
+    members: dict[str, list[int]] = {}
+    for i, subject in enumerate(subjects):
+        members.setdefault(subject, []).append(i)
+    return members
 
 
 def _seeded_key(seed: int, key: str) -> bytes:

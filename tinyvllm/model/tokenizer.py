@@ -25,6 +25,9 @@ class Tokenizer:
     def from_model_dir(cls, path) -> "Tokenizer":
         path = Path(path)
         tokenizer_json = path / "tokenizer.json"
+        if path.is_dir() and not tokenizer_json.exists():
+            raise ModelLoadError(f"{path} has no tokenizer.json: a model directory needs its tokenizer files "
+                                 "(tokenizer.json, tokenizer_config.json) beside config.json")
         try:
             backend = tokenizers.Tokenizer.from_file(str(tokenizer_json))
         except Exception as e:  # the library raises a plain Exception for a missing or malformed file
