@@ -79,7 +79,8 @@ def run(args) -> int:
     prepared = []
     for task in config.tasks:
         prepared.append(prepare_task(task, config, tokenizer))
-        log(f"{task}: {len(prepared[-1].questions)} questions, prompts tokenized")
+        p = prepared[-1]
+        log(f"{task}: {len(p.questions)} questions, {sum(n is not None for n in p.lengths)} prompts tokenized")
     selection = select(prepared, config)
     estimates = _estimates(backend, prepared, selection, config)
     runs = [run_task(p, selection[p.task], config, backend, tokenizer, estimates.get(p.task)) for p in prepared]
