@@ -169,6 +169,7 @@ def test_stop_finishes_or_aborts_within_the_timeout_and_refuses_new_requests(mod
         loop.submit([1], SamplingParams(), sink)
 
 
+@pytest.mark.slow  # the demo model in the simulator
 def test_a_pipelined_step_launched_before_the_deadline_counts(model):
     # With CUDA graphs (the simulator re-runs the recorded pass) an all-greedy decode step is launched before the
     # previous one's tokens are read: when the short request's 2nd token is reported its 3rd (last) one is in
@@ -225,6 +226,7 @@ def test_a_failing_engine_fails_its_requests_and_the_loop_says_why(model):
         loop.submit([1], SamplingParams(), sink)
 
 
+@pytest.mark.slow  # the demo model in the simulator
 def test_the_loop_gives_what_generate_gives_with_requests_arriving_mid_run(model):
     prompts = ["The sun rose", "A small dog ran along the river", "Water"]
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
