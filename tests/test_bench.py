@@ -20,6 +20,8 @@ from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.model.loader import load_model
 from tests.references import require
 
+pytestmark = pytest.mark.slow  # engine-level: every bench workload on the demo model
+
 # 3 requests of 4-8 prompt tokens and 2-3 new tokens: the simulator does about one engine step a second.
 TINY = ["--latency-prompt", "4", "--latency-new-tokens", "2", "--prefill-lens", "3,6", "--prefill-repeats", "1",
         "--num-requests", "3", "--min-len", "4", "--max-len", "8", "--min-output-len", "2", "--max-output-len", "3",

@@ -11,6 +11,8 @@ from tinyvllm import LLM, SamplingParams
 from tinyvllm.cli import main
 from tinyvllm.engine.engine import LLMEngine
 
+pytestmark = pytest.mark.slow  # end to end: chat generations against transformers' ids
+
 ONE_TOKEN = SamplingParams(max_tokens=1)
 TEXT = "The sun rose"
 

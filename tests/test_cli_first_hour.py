@@ -14,6 +14,8 @@ from tinyvllm.cli import main, parse_args
 from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 from tests.gguf_files import byte_level_gguf_tokenizer, write_llama_gguf
 
+pytestmark = pytest.mark.slow  # end to end: the CLI as subprocesses
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -17,6 +17,8 @@ from tinyvllm.model.loader import load_model
 from tinyvllm.runner.inputs import ForwardBatch
 from tinyvllm.engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # engine-level: the demo model's graph recordings
+
 PROMPTS = ["The sun rose", "A small dog ran along the river", "Water"]
 
 

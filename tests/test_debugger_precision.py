@@ -12,6 +12,9 @@ from tests.test_precision import BF16_ROUNDING, _roundings_upstream
 from tinyvllm.cli import parse_args
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
+import pytest
+
+pytestmark = pytest.mark.slow  # engine-level: the demo model in both precisions, stage by stage
 
 # Before the first bf16 rounding both engines compute in float32: the same kernels in the simulator (difference 0);
 # on a GPU the fp32 plan may fuse an RMSNorm into its GEMV where the fast plan launches rmsnorm (another order of the

@@ -33,6 +33,7 @@ def alone(model):
     return [engine(model).generate([p], GREEDY)[0].token_ids for p in PROMPTS]
 
 
+@pytest.mark.slow  # engine-level: many demo-model generations
 def test_batched_equals_alone_and_streams_add_up(model, alone):
     e = engine(model)
     streamed = {}
@@ -44,6 +45,7 @@ def test_batched_equals_alone_and_streams_add_up(model, alone):
     assert e.block_manager.num_free_blocks == 64
 
 
+@pytest.mark.slow  # engine-level: many demo-model generations
 def test_a_pool_too_small_for_all_forces_preemption_with_identical_outputs(model, alone):
     # 4 prompts of up to 10 tokens + 3 new need 2-4 blocks of 4 each; 6 blocks cannot hold them all.
     e = engine(model, num_blocks=6, enable_prefix_caching=False)
@@ -52,11 +54,13 @@ def test_a_pool_too_small_for_all_forces_preemption_with_identical_outputs(model
     assert sum(r.seq.num_preemptions for r in map(e.request, (o.request_id for o in outputs))) > 0
 
 
+@pytest.mark.slow  # engine-level: many demo-model generations
 def test_static_batching_and_no_chunking_give_identical_outputs(model, alone):
     e = engine(model, batching="static", max_num_seqs=2, chunked_prefill=False)
     assert [o.token_ids for o in e.generate(PROMPTS, GREEDY)] == alone
 
 
+@pytest.mark.slow  # engine-level: many demo-model generations
 def test_a_shared_prefix_hits_the_cache_with_identical_outputs(model):
     e = engine(model)
     prefix = model.tokenizer.encode("The old library had thousands of books, but")  # > 2 blocks of 4
@@ -68,6 +72,7 @@ def test_a_shared_prefix_hits_the_cache_with_identical_outputs(model):
     assert first.token_ids == engine(model).generate([prefix + [300]], GREEDY)[0].token_ids
 
 
+@pytest.mark.slow  # engine-level: many demo-model generations
 def test_chunked_prefill_gives_the_same_logits_as_whole_prompt_prefill(model):
     prompt = model.tokenizer.encode("A small dog ran along the river, chasing birds")
 
@@ -115,6 +120,7 @@ def test_invalid_sampling_parameters_are_rejected_before_any_work():
         EngineConfig(max_num_seqs=0)
 
 
+@pytest.mark.slow  # engine-level: many demo-model generations
 def test_seeded_sampling_repeats_and_stop_rules_apply(model):
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=4, ignore_eos=True)
     a = engine(model).generate([PROMPTS[0], PROMPTS[2]], params)
@@ -136,6 +142,7 @@ def test_stop_strings_cut_the_text(model, alone):
     assert out.finish_reason == "stop" and stop not in out.text and text.startswith(out.text)
 
 
+@pytest.mark.slow  # engine-level: many demo-model generations
 def test_llm_api_and_metrics(model):
     from tinyvllm.llm import LLM
     llm = LLM.__new__(LLM)

@@ -15,6 +15,8 @@ from tinyvllm.model.loader import load_model
 from tinyvllm.engine.sampling_params import InvalidSamplingParams, SamplingParams
 from tests.helpers import hf_log_softmax
 
+pytestmark = pytest.mark.slow  # engine-level: logprobs of whole generations against HF
+
 ATOL = 1e-4
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from tinyvllm.cli import main
 
+pytestmark = pytest.mark.slow  # end to end: tinyvllm eval runs on the demo model
+
 
 def test_eval_mmlu_limit_8_end_to_end(tmp_path, capsys):
     # the demo tokenizer makes MMLU prompts 121-883 tokens long; a 140-token cap keeps the simulator's work to

@@ -18,6 +18,8 @@ from tinyvllm.model.loader import load_model
 from tinyvllm.engine.sampling_params import SamplingParams
 from tests.helpers import hf_log_softmax
 
+pytestmark = pytest.mark.slow  # engine-level: whole eval tasks on the demo model
+
 ATOL = 3e-4
 
 

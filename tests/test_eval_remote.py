@@ -11,6 +11,8 @@ import time
 import pytest
 
 from tests.references import require
+
+pytestmark = pytest.mark.slow  # end to end: evals against a real server
 fastapi = require("fastapi")
 uvicorn = require("uvicorn")
 

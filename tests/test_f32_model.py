@@ -17,6 +17,8 @@ from tinyvllm.model.loader import load_model
 from tinyvllm.model.weights import load_weights
 
 from tests.references import require
+
+pytestmark = pytest.mark.slow  # engine-level: a whole generation against HF float32
 require("torch")
 require("transformers")
 from goldens.hf_reference import capture_stages, greedy_continuation, load_hf_model  # noqa: E402

@@ -17,6 +17,7 @@ def quiet_engine(**options):
     return LLMEngine(None, EngineConfig(num_blocks=64, **options), log=lambda message: None)
 
 
+@pytest.mark.slow  # engine-level: every stage of whole generations
 def test_every_stage_and_greedy_continuation_match(goldens):
     """The paged engine path, all golden prompts prefilled together in one step, then decoded together."""
     engine = quiet_engine()
@@ -31,6 +32,7 @@ def test_every_stage_and_greedy_continuation_match(goldens):
     assert report.passed
 
 
+@pytest.mark.slow  # engine-level: every stage of whole generations
 def test_fused_norm_layers_match_the_goldens_too(goldens):
     """The layer the GPU runs for decode-sized steps (RMSNorm fused in front of the q|k|v and gate|up GEMVs,
     residual adds behind o_proj and down_proj: ModelRunner._fused_layers), forced on for every step here. One

@@ -22,6 +22,8 @@ from tinyvllm.runner.model_runner import ModelRunner
 from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token, prefill_buckets_up_to
 from tinyvllm.engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # engine-level: the demo model's graph recordings
+
 BLOCK_SIZE, NUM_BLOCKS, MAX_SEQS, WIDTH = 4, 24, 4, 6
 BUCKETS = (12, 16)
 POISON = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.uint16): np.uint16(0xFFFF)}

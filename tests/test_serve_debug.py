@@ -20,6 +20,8 @@ from tinyvllm.serving.recording import read_recording
 
 from .test_debugger_app import cells, settle, shown
 
+pytestmark = pytest.mark.slow  # end to end: the debugger stepping a server's real HTTP clients
+
 CONFIG = dict(num_blocks=64, block_size=4, max_num_seqs=8)
 
 

@@ -22,6 +22,8 @@ from tinyvllm.model.fixtures.demo import DEMO_MODEL_DIR
 from tinyvllm.model.loader import load_model
 from tests.serving_helpers import ENGINE_OPTIONS, MODEL_NAME, quiet, start_server
 
+pytestmark = pytest.mark.slow  # end to end: the bench client against a real server
+
 # 3 serving requests and 2 throughput requests, each of 4-8 prompt tokens and 2 new tokens
 TINY = ["--serving-requests", "3", "--num-requests", "2", "--min-len", "4", "--max-len", "8", "--min-output-len", "2",
         "--max-output-len", "2", "--request-rate", "50", "--max-seconds", "120", "--no-plot"]

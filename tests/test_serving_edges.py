@@ -8,6 +8,8 @@ import time
 import pytest
 
 from tests.references import require
+
+pytestmark = pytest.mark.slow  # end to end: a server with real streaming and disconnecting clients
 openai = require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
 import httpx  # noqa: E402  (installed with openai)
 

@@ -32,8 +32,15 @@ def new_engine(model, **options) -> LLMEngine:
     return LLMEngine(model, EngineConfig(**options), log=quiet)
 
 
+def eager(model, **options) -> LLMEngine:
+    """An engine whose every step runs forward_stages and sample (which fake_math replaces), on any device."""
+    return new_engine(model, cuda_graphs=False, prefill_graphs=False, **options)
+
+
 def fake_math(engine: LLMEngine, step_seconds: float = 0.0) -> LLMEngine:
-    """Every step samples FAKE_TOKEN for every row without running a kernel (taking `step_seconds`)."""
+    """Every step samples FAKE_TOKEN for every row without running a kernel (taking `step_seconds`). The engine
+    must run its steps eagerly: a step replayed from a CUDA graph (on a GPU by default) would run the real model."""
+    assert engine.runner.decode_graphs is None and engine.runner.prefill_graphs is None, "build it with eager()"
     def forward_stages(batch, all_logits=False, synchronize=True):
         time.sleep(step_seconds)
         return None
@@ -67,7 +74,7 @@ class Collector:
 
 
 def test_tables_stay_flat_over_2000_requests(model):
-    engine = fake_math(new_engine(model, max_num_seqs=8))
+    engine = fake_math(eager(model, max_num_seqs=8))
     sizes = []
 
     class Probe:
@@ -91,7 +98,7 @@ def test_tables_stay_flat_over_2000_requests(model):
 
 
 def test_an_idle_loop_sleeps_and_wakes_for_a_new_request(model):
-    engine = fake_math(new_engine(model))
+    engine = fake_math(eager(model))
     checks = []
     has_unfinished = engine.has_unfinished_requests
     engine.has_unfinished_requests = lambda: checks.append(1) or has_unfinished()
@@ -110,7 +117,7 @@ def test_an_idle_loop_sleeps_and_wakes_for_a_new_request(model):
 
 
 def test_an_abort_frees_the_kv_blocks_and_ends_the_stream(model):
-    engine = fake_math(new_engine(model, num_blocks=1024), step_seconds=0.002)
+    engine = fake_math(eager(model, num_blocks=1024), step_seconds=0.002)
     loop = EngineLoop(engine, log=quiet).start()
     sink = Collector()
     rid = loop.submit(list(range(1, 30)), SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True), sink)
@@ -125,23 +132,68 @@ def test_an_abort_frees_the_kv_blocks_and_ends_the_stream(model):
     loop.stop()
 
 
+class StopWhen:
+    """An observer that begins the loop's stop (with `timeout`) right after the step that reports the
+    `num_tokens`-th token of `request_id`: the stop lands at a known point of that request, on any device."""
+
+    def __init__(self, request_id: str, num_tokens: int, timeout: float):
+        self.request_id, self.num_tokens, self.timeout = request_id, num_tokens, timeout
+        self.loop: EngineLoop | None = None
+        self.seen = 0
+        self.step_in_flight = None  # whether a pipelined step was in flight when the stop began
+
+    def on_step(self, report):
+        before = self.seen
+        self.seen += sum(len(u.new_token_ids) for u in report.updates if u.request_id == self.request_id)
+        if before < self.num_tokens <= self.seen:
+            self.step_in_flight = self.loop.engine.runner.in_flight is not None
+            self.loop.begin_stop(self.timeout)
+
+
 def test_stop_finishes_or_aborts_within_the_timeout_and_refuses_new_requests(model):
-    engine = fake_math(new_engine(model, num_blocks=1024), step_seconds=0.002)
-    loop = EngineLoop(engine, log=quiet).start()
+    # The stop begins after the short request's first token; 2 more fake steps take ~4 ms, far inside the 1 s
+    # timeout, and the endless one needs 2045 more (over 4 s of sleeps alone): it can only end by the abort.
+    engine = fake_math(eager(model, num_blocks=1024), step_seconds=0.002)
+    stopper = StopWhen("short", num_tokens=1, timeout=1.0)
+    loop = stopper.loop = EngineLoop(engine, observers=[stopper], log=quiet)
     sink = Collector()
-    short = loop.submit([1, 2], SamplingParams(temperature=0, max_tokens=3), sink)
-    endless = loop.submit([1, 2], SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True), sink)
-    start = time.monotonic()
-    loop.stop(timeout=0.3)
-    assert time.monotonic() - start < 5
-    assert sink.finished[short].finish_reason == "length"
-    assert sink.finished[endless].finish_reason == "abort"
+    loop.submit([1, 2], SamplingParams(temperature=0, max_tokens=3), sink, request_id="short")
+    loop.submit([1, 2], SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True), sink, request_id="endless")
+    loop.start()
+    sink.wait(2)
+    loop.stop()
+    assert sink.finished["short"].finish_reason == "length" and sink.finished["short"].token_ids == [FAKE_TOKEN] * 3
+    endless = sink.finished["endless"]
+    assert endless.finish_reason == "abort" and 0 < len(endless.token_ids) < 2046
     with pytest.raises(LoopClosed):
         loop.submit([1], SamplingParams(), sink)
 
 
+@pytest.mark.slow  # the demo model in the simulator
+def test_a_pipelined_step_launched_before_the_deadline_counts(model):
+    # With CUDA graphs (the simulator re-runs the recorded pass) an all-greedy decode step is launched before the
+    # previous one's tokens are read: when the short request's 2nd token is reported its 3rd (last) one is in
+    # flight. A stop with no time left must read that step before aborting, as an eager step would have run
+    # to its end: the short request ends "length" with generate's tokens.
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    expected = new_engine(model).generate([[1, 2]], params)[0].token_ids
+    stopper = StopWhen("short", num_tokens=2, timeout=0)
+    engine = new_engine(model, cuda_graphs=True, prefill_graphs=False)
+    loop = stopper.loop = EngineLoop(engine, observers=[stopper], log=quiet)
+    sink = Collector()
+    loop.submit([1, 2], params, sink, request_id="short")
+    loop.submit([3, 4], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), sink, request_id="long")
+    loop.start()
+    sink.wait(2)
+    loop.stop()
+    assert stopper.step_in_flight, "the stop began with no pipelined step in flight: the test misses its case"
+    assert sink.finished["short"].finish_reason == "length" and sink.finished["short"].token_ids == expected
+    assert sink.finished["long"].finish_reason == "abort" and len(sink.finished["long"].token_ids) < 40
+    assert engine.block_manager.num_free_blocks == 64
+
+
 def test_max_waiting_refuses_or_blocks_until_there_is_room(model):
-    loop = EngineLoop(fake_math(new_engine(model)), max_waiting=2, log=quiet)  # not started: nothing leaves the queue
+    loop = EngineLoop(fake_math(eager(model)), max_waiting=2, log=quiet)  # not started: nothing leaves the queue
     sink = Collector()
     params = SamplingParams(temperature=0, max_tokens=1)
     loop.submit([1], params, sink)
@@ -160,7 +212,7 @@ def test_max_waiting_refuses_or_blocks_until_there_is_room(model):
 
 
 def test_a_failing_engine_fails_its_requests_and_the_loop_says_why(model):
-    engine = fake_math(new_engine(model))
+    engine = fake_math(eager(model))
     loop = EngineLoop(engine, log=quiet)
     engine.step = lambda: 1 / 0
     sink = Collector()
@@ -174,6 +226,7 @@ def test_a_failing_engine_fails_its_requests_and_the_loop_says_why(model):
         loop.submit([1], SamplingParams(), sink)
 
 
+@pytest.mark.slow  # the demo model in the simulator
 def test_the_loop_gives_what_generate_gives_with_requests_arriving_mid_run(model):
     prompts = ["The sun rose", "A small dog ran along the river", "Water"]
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from tests.references import require
+
+pytestmark = pytest.mark.slow  # end to end: a server over real HTTP with the openai client
 openai = require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
 import httpx  # noqa: E402  (installed with openai)
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.references import require
+
+pytestmark = pytest.mark.slow  # end to end: a server process
 httpx = require("httpx", "the serving tests' client: pip install -e '.[test-serving]'")
 
 from tinyvllm import LLM, SamplingParams

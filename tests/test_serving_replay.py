@@ -14,6 +14,8 @@ import threading
 import pytest
 
 from tests.references import require
+
+pytestmark = pytest.mark.slow  # end to end: a recording server process and a replay
 openai = require("openai", "the serving tests' client: pip install -e '.[test-serving]'")
 
 from tinyvllm.cli import main  # noqa: E402

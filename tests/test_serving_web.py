@@ -17,6 +17,8 @@ from tinyvllm.model.loader import load_model
 from tests.references import missing_reference
 from tests.serving_helpers import ENGINE_OPTIONS, quiet, start_server
 
+pytestmark = pytest.mark.slow  # end to end: a server and headless chromium
+
 MAX_TOKENS = 3
 CHAT = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where is the river?"}]
 COMPLETION = "The sun rose over the town"

@@ -14,6 +14,8 @@ import tests.test_paged_attention as attention_tests
 import tests.test_rmsnorm as rmsnorm_tests
 import tests.test_rope as rope_tests
 
+pytestmark = pytest.mark.slow  # big simulator kernels: SmolLM2-135M's shapes, and a layer against HF
+
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 576, 9, 3, 64, 1536
 
 

@@ -6,6 +6,8 @@ from kernels_numba.attention.prefill_tc import TC_OPTIONS
 from lessons.prefill_tc_original import ORIGINAL_OPTIONS
 from tests.test_prefill_tc import PIPELINE_SPECS, _check_tc
 
+pytestmark = pytest.mark.slow  # a lesson's big simulator kernels
+
 
 @pytest.mark.parametrize("options", [ORIGINAL_OPTIONS], ids=["original"])
 def test_prefill_tc_other_options_still_match(rng, options):

@@ -9,6 +9,8 @@ from lessons.split_keys import paged_attention_split_keys, split_partitions
 from tests.test_paged_attention import DECODE_CASES, LAYOUTS, LOG_F32_MAX, _check
 from tests.test_smollm2_shapes import HEAD_DIM, HEADS, KV_HEADS
 
+pytestmark = pytest.mark.slow  # a lesson's big simulator kernels
+
 
 @pytest.mark.parametrize("scenario", ["decode", "chunked"])
 def test_stable_with_huge_score_gaps(rng, scenario):

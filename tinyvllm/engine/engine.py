@@ -198,6 +198,14 @@ class LLMEngine:
         self._end_step(schedule)
         return outputs
 
+    def settle(self) -> list[RequestOutput]:
+        """Read the tokens of the pipelined decode step in flight, if there is one, and report what they did, as the
+        next step() would; launch nothing. A server stopping at its deadline settles before it aborts the rest: a
+        step launched before the deadline counts, as an eager step that ran before it does."""
+        if self.runner.in_flight is None:
+            return []
+        return self._finish_step(self.runner.settle())
+
     def _finish_step(self, result: StepResult, placeholders: bool = False) -> list[RequestOutput]:
         """Append the step's tokens (`placeholders`: write them over the FED_BACK placeholders appended when the
         next step was scheduled), end the sequences they stop, and report each sequence that got a token. A

@@ -227,7 +227,13 @@ class EngineLoop:
                 self._cond.wait()
             inbox, self._inbox = self._inbox, Inbox()
             past_deadline = self._stopping and time.monotonic() >= self._deadline
-            if past_deadline:
+        if past_deadline:
+            # A pipelined decode step launched before the deadline holds tokens already computed: report them
+            # first, so a request whose last token it is ends as it would have with eager steps.
+            settled = engine.settle()
+            if settled:
+                self._dispatch(settled)
+            with self._cond:
                 inbox.commands += [AbortCommand(r) for r in self._live]
         self._apply(inbox.commands, engine.add_request)
         if inbox.num_adds:
