@@ -1,6 +1,7 @@
 """The kernel plan's choices against its table (tinyvllm/runner/kernel_plan.py), asked of a GPU's plan and of the
 simulator's on any machine: choices only, nothing launched. Llama-3.2-1B's shapes; the default crossovers
-(FAST_GEMV_MAX_TOKENS 2, matmul.MAX_COALESCED_TOKENS 32)."""
+(FAST_GEMV_MAX_TOKENS 2, matmul.MAX_COALESCED_TOKENS 32). The simulator's plans are batch-invariant by default
+(KernelPlan.batch_invariant); BATCH_DEPENDENT is the simulator's plan with it off (--no-batch-invariant)."""
 from types import SimpleNamespace
 
 import pytest
@@ -9,11 +10,11 @@ from tinyvllm.runner.kernel_plan import KernelPlan
 
 HIDDEN, HEADS_WIDTH, INTERMEDIATE, KV_HEADS = 2048, 32 * 64, 8192, 8
 LAYER_INPUTS = (HIDDEN, HEADS_WIDTH, INTERMEDIATE)
-GPU, SIMULATOR = False, True
+GPU, SIMULATOR, BATCH_DEPENDENT = "gpu", "simulator", "simulator, batch-dependent"
 
 
-def plan(precision: str, simulator: bool) -> KernelPlan:
-    return KernelPlan(precision, head_dim=64, group=4, simulator=simulator)
+def plan(precision: str, where: str) -> KernelPlan:
+    return KernelPlan(precision, head_dim=64, group=4, simulator=where != GPU, batch_invariant=where != BATCH_DEPENDENT)
 
 
 def attention(p: KernelPlan, tokens: int, decode_only: bool) -> str:
@@ -33,8 +34,9 @@ def attention(p: KernelPlan, tokens: int, decode_only: bool) -> str:
     ("fast", GPU, 4096, "gemm_tc.gemm_tc", False),
     ("fp32", SIMULATOR, 1, "matmul.gemv", False),         # the simulator: gemv for everything on CUDA cores
     ("fp32", SIMULATOR, 4096, "matmul.gemv", False),
-    ("fast", SIMULATOR, 1, "matmul.gemv", False),
-    ("fast", SIMULATOR, 2, "gemm_tc.gemm_tc", False),     # the tensor cores from 2 rows
+    ("fast", SIMULATOR, 1, "gemm_tc.gemm_tc", False),     # the tensor cores for every row count
+    ("fast", BATCH_DEPENDENT, 1, "matmul.gemv", False),
+    ("fast", BATCH_DEPENDENT, 2, "gemm_tc.gemm_tc", False),  # the tensor cores from 2 rows
 ])
 def test_projections_and_the_layer_kind(precision, simulator, rows, projection, fused_gemv_layer):
     p = plan(precision, simulator)
@@ -55,8 +57,10 @@ def test_projections_and_the_layer_kind(precision, simulator, rows, projection, 
     ("fast", GPU, 4096, False, "prefill_tc.paged_attention_prefill_tc"),
     ("fp32", SIMULATOR, 1, True, "per_query.paged_attention_per_query"),
     ("fp32", SIMULATOR, 16, False, "per_query.paged_attention_per_query"),
-    ("fast", SIMULATOR, 1, True, "per_query.paged_attention_per_query"),
+    ("fast", SIMULATOR, 1, True, "prefill_tc.paged_attention_prefill_tc"),  # decode as prefill: one kernel
     ("fast", SIMULATOR, 16, False, "prefill_tc.paged_attention_prefill_tc"),  # tensor cores in the simulator too
+    ("fast", BATCH_DEPENDENT, 1, True, "per_query.paged_attention_per_query"),
+    ("fast", BATCH_DEPENDENT, 16, False, "prefill_tc.paged_attention_prefill_tc"),
 ])
 def test_attention(precision, simulator, tokens, decode_only, kernel):
     assert attention(plan(precision, simulator), tokens, decode_only) == "attention." + kernel
@@ -71,3 +75,22 @@ def test_the_gate_runs_inside_gate_up_where_the_fast_plan_takes_it_in_one_pass()
     assert plan("fp32", SIMULATOR).gate(16, HIDDEN, INTERMEDIATE).name == (
         "matmul.gemv (gate|up in one) + activation.silu_mul_gate_up")
     assert plan("fast", GPU).swiglu(4096, INTERMEDIATE).name == "activation.silu_mul_gate_up (bf16)"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fast"])
+def test_the_simulators_plans_choose_alike_for_every_row_count_and_step_kind(precision):
+    """The plan-side half of tests/test_batch_invariance.py: one projection kernel and one attention kernel whatever
+    the step's rows and mix, and a decode-only step gets the query tiles its attention reads."""
+    p = plan(precision, SIMULATOR)
+    assert len({p.projection(rows, k).name for rows in (1, 2, 7, 33, 512) for k in LAYER_INPUTS}) == 1
+    assert len({attention(p, tokens, decode_only) for tokens in (1, 16, 64) for decode_only in (True, False)}) == 1
+    assert p.tiled_attention(decode_only=True) == p.tiled_attention(decode_only=False) == (precision == "fast")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fast"])
+def test_batch_invariant_changes_nothing_on_a_gpu_yet(precision):
+    invariant, dependent = (KernelPlan(precision, 64, 4, simulator=False, batch_invariant=on) for on in (True, False))
+    for rows in (1, 2, 3, 33, 4096):
+        assert invariant.projection(rows, HIDDEN).name == dependent.projection(rows, HIDDEN).name
+        for decode_only in (True, False):
+            assert attention(invariant, rows, decode_only) == attention(dependent, rows, decode_only)

@@ -30,6 +30,9 @@ def add_engine_arguments(parser) -> None:
                    help="prefill each prompt in one step (default: chunks within the token budget)")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prefixes")
     add_precision_arguments(e)
+    e.add_argument("--no-batch-invariant", action="store_true",
+                   help="let the kernel choices follow each step's rows (default: a request's tokens and logprobs "
+                        "do not depend on its batch; simulator only so far: docs/batch-invariance.md)")
 
 
 def engine_config_from_args(args, **overrides):
@@ -40,7 +43,8 @@ def engine_config_from_args(args, **overrides):
         block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
         max_model_len=args.max_model_len, chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, batching=args.batching,
-        kv_cache_dtype=args.kv_cache_dtype, precision=args.precision)
+        kv_cache_dtype=args.kv_cache_dtype, precision=args.precision,
+        batch_invariant=not args.no_batch_invariant)
     return EngineConfig(**(fields | overrides))
 
 

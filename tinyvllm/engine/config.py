@@ -34,6 +34,8 @@ class EngineConfig:
     #                                       fast precision, float32 with fp32 (kv_pool.resolve_kv_cache_dtype)
     precision: str = "auto"               # "fp32" (the reference), "fast" (bf16 activations into tensor cores),
     #                                       "auto": fast on a GPU with bf16 weights (kernel_plan.resolve_precision)
+    batch_invariant: bool = True          # a request's tokens and logprobs whatever shares its steps (in the
+    #                                       simulator; KernelPlan.batch_invariant, docs/batch-invariance.md)
 
     def __post_init__(self):
         def check(ok, message):

@@ -126,6 +126,6 @@ def upload(batch: ForwardBatch, plan, all_logits: bool = False) -> DeviceBatch:
     flat, layout = pack_int32(arrays)
     views = unpack(cuda.to_device(flat), layout)
     decode_only = batch.is_decode_only
-    tiles = None if decode_only else plan.prefill_tiles(batch.query_seq, batch.positions)
+    tiles = plan.step_tiles(decode_only, batch.query_seq, batch.positions)
     return DeviceBatch(*views[:5], decode_only=decode_only, prefill_tiles=tiles,
                        logits_rows=None if every_row else views[5])

@@ -31,7 +31,16 @@ only these choices differ:
 In the simulator (KernelPlan.simulator; a simulated lane is a Python thread and every syncthreads costs
 milliseconds a block): the CUDA-core projections are all gemv (prefill in chunks of matmul.MAX_GEMV_TOKENS), so
 the fused-GEMV layer never runs; the fp32 plan's attention is per_query for every step; the fast plan takes the
-tensor cores from 2 rows with one narrow tile (SIMULATOR_TILE, no split-K) and prefill_tc's narrowest block.
+tensor cores from 1 row (2 without batch invariance, below) with one narrow tile (SIMULATOR_TILE, no split-K) and
+prefill_tc's narrowest block, for every step (decode-only steps: per_query without batch invariance).
+
+Batch invariance (KernelPlan.batch_invariant, on by default; EngineConfig.batch_invariant, --no-batch-invariant):
+a request's tokens and logprobs must not depend on what else shares its steps (docs/batch-invariance.md lists every
+choice above that breaks it, and why). In the simulator the plans are invariant: every reduction runs per row in an
+order fixed by the model's shapes (gemv and SIMULATOR_TILE walk K in one fixed order; per_query and prefill_tc walk
+the keys from position 0 in fixed tiles), once the fast plan sends a step's every row to the same kernels whatever
+its row count and its mix: gemm_tc from 1 row (not gemv for a lone row: x unrounded) and prefill_tc for decode-only
+steps too (not per_query: other roundings). The GPU plans are not yet: the flag changes nothing there.
 
 At decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not fill the SMs (tc_splits:
 o_proj and down_proj of the 1B model at 64-256 rows); prefill GEMMs run in one pass. tc_min_rows() is the GEMV
@@ -117,6 +126,7 @@ class KernelPlan:
     head_dim: int
     group: int            # n_heads // n_kv_heads
     simulator: bool = SIMULATOR
+    batch_invariant: bool = True  # in the simulator: the same choices for every row count and batch mix
 
     def __post_init__(self):
         assert self.precision in PRECISIONS and self.precision != "auto", self.precision
@@ -124,6 +134,12 @@ class KernelPlan:
     @property
     def fast(self) -> bool:
         return self.precision == "fast"
+
+    @property
+    def invariant(self) -> bool:
+        """Whether this plan's choices keep each row's reductions independent of the batch: batch_invariant asked,
+        in the simulator (the GPU plans' choices depend on the batch: docs/batch-invariance.md)."""
+        return self.batch_invariant and self.simulator
 
     # ---- the tensor cores' shapes: the simulator's are the narrowest ----
     def tc_tile(self, rows: int, out_features: int) -> TileShape:
@@ -136,8 +152,11 @@ class KernelPlan:
         return 1 if self.simulator else _gemm_tc.split_for(rows, out_features, in_features, tile)
 
     def tc_min_rows(self) -> int:
-        """The fewest rows a projection takes to the tensor cores: past the fast plan's GEMV crossover on a GPU."""
-        return 2 if self.simulator else min(FAST_GEMV_MAX_TOKENS, _matmul.MAX_COALESCED_TOKENS) + 1
+        """The fewest rows a projection takes to the tensor cores: past the fast plan's GEMV crossover on a GPU; in the
+        simulator 1 where invariant (a lone row rounded to bf16 as in any batch), else 2."""
+        if self.simulator:
+            return 1 if self.invariant else 2
+        return min(FAST_GEMV_MAX_TOKENS, _matmul.MAX_COALESCED_TOKENS) + 1
 
     def tc_attention_shape(self) -> tuple[int, int]:
         """(warps, keys per tile) of prefill_tc: its defaults on a GPU (read at each call, as the sweeps set them)."""
@@ -221,11 +240,23 @@ class KernelPlan:
             return tc_queries_per_tile(self.group, self.tc_attention_shape()[0])
         return None if self.simulator else gqa_shape(self.head_dim, self.group)[0]
 
+    def tiled_attention(self, decode_only: bool) -> bool:
+        """Whether a step's attention is prefill_tc: every step with prefill chunks in the fast plan, and its
+        decode-only steps too where invariant (one kernel for a query whatever its neighbours)."""
+        return self.tc_attention and (not decode_only or self.invariant)
+
     def prefill_tiles(self, query_seq, positions):
         """The query tiles a step with prefill chunks needs (built once, host side, for all layers); None when its
         attention builds none."""
         queries = self.prefill_tile_queries()
         return None if queries is None else build_prefill_tiles(query_seq, positions, queries)
+
+    def step_tiles(self, decode_only: bool, query_seq, positions):
+        """The query tiles a step's attention reads (prefill_tiles), or None for a decode-only step whose kernel
+        takes none."""
+        if decode_only and not self.tiled_attention(decode_only):
+            return None
+        return self.prefill_tiles(query_seq, positions)
 
     def attention(self, batch, kv_heads: int, scale) -> Kernel:
         """The attention of a step (a DeviceBatch): (q, k_pool, v_pool) -> out.
@@ -238,13 +269,14 @@ class KernelPlan:
         (flash_decode), so that a batch-1 step keeps more than 8 blocks busy; the largest (from
         DECODE_WARPS_MIN_BLOCKS pairs: batch 64) decode_warps, whose warps each keep their own softmax over their
         own keys (no block-wide barrier per chunk). In the simulator, where syncthreads are slow, one thread per
-        (query, head) serves every step the tensor cores do not (per_query)."""
+        (query, head) serves every step the tensor cores do not (per_query); where invariant the fast plan's
+        decode-only steps run prefill_tc as its prefill steps do (a query tile of one query)."""
         indices = (batch.block_tables, batch.query_seq, batch.positions, scale)
 
         def kernel(name: str, launcher, **options) -> Kernel:
             return Kernel("attention." + name,
                           lambda q, k_pool, v_pool: launcher(q, k_pool, v_pool, *indices, **options))
-        if not batch.decode_only and self.tc_attention:
+        if self.tiled_attention(batch.decode_only):
             warps, keys = self.tc_attention_shape()
             return kernel("prefill_tc.paged_attention_prefill_tc", paged_attention_prefill_tc,
                           tiles=batch.prefill_tiles, warps=warps, keys_per_tile=keys)

@@ -46,6 +46,7 @@ class ModelRunner:
     kv_pool: KVPool
     inv_freq: np.ndarray  # float32 [head_dim / 2], from kernels_numba.rope.rope_inv_freq
     precision: str = "fp32"         # "fp32" or "fast" (kernel_plan.resolve_precision)
+    batch_invariant: bool = True    # KernelPlan.batch_invariant
     # How execute_stages runs a step (use_graphs sets them): decode-only steps replayed from CUDA graphs, the others
     # up to final_norm; None: eagerly. pipeline_decode: an all-greedy decode step stays in flight (step.InFlight).
     decode_graphs: DecodeGraphs | None = field(default=None, repr=False)
@@ -57,7 +58,8 @@ class ModelRunner:
     def __post_init__(self):
         self.inv_freq = cuda.to_device(self.inv_freq)
         c = self.config
-        plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads)
+        plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads,
+                          batch_invariant=self.batch_invariant)
         self.forward_pass = ForwardPass(c, self.weights, self.kv_pool, self.inv_freq, plan)
 
     @classmethod
@@ -79,7 +81,8 @@ class ModelRunner:
         if num_blocks < 1:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
         kv_pool = KVPool(c, num_blocks, config.block_size, kv_cache_dtype)
-        runner = cls(c, model.weights, kv_pool, model.inv_freq, precision=precision)
+        runner = cls(c, model.weights, kv_pool, model.inv_freq, precision=precision,
+                     batch_invariant=config.batch_invariant)
         runner.use_graphs(decode_graphs, prefill_graphs, config.max_num_seqs, config.max_num_batched_tokens,
                           math.ceil(max_model_len / config.block_size), config.pipeline_decode, log=log)
         log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {kv_cache_dtype} "

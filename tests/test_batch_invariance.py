@@ -1,0 +1,103 @@
+"""Batch invariance: a request's tokens and logprobs do not depend on what else shares its steps, bit for bit
+(KernelPlan.batch_invariant; docs/batch-invariance.md). One request (TARGET) run alone in a fresh engine against
+the same request among others of different lengths: with chunked prefill at different chunk boundaries and
+without it, after a prefix-cache hit, and preempted and recomputed, in both precisions, in the simulator on the
+demo model. Greedy, so the tokens follow the logits; the top-3 logprobs of every output token are compared as
+float32 with np.array_equal (no tolerance: one reduction in another order moves their last bits)."""
+import numpy as np
+import pytest
+
+from tinyvllm.cli import parse_args
+from tinyvllm.engine.args import build_engine
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.model.loader import load_model
+
+PARAMS = SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True)
+TARGET = [1, *range(300, 312)]                   # 13 tokens: 3 full blocks of 4 and one more token
+OTHERS = [[1, *range(500, 506)], [1, *range(100, 121)]]  # 7 and 22 tokens (the demo model has 640 ids)
+SHARES_A_PREFIX = TARGET[:9] + [600, 601, 602]   # TARGET's first two blocks of 4, then its own
+PRECISIONS = ("fp32", "fast")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(log=lambda message: None)
+
+
+def engine(model, precision: str, **options) -> LLMEngine:
+    options = {"num_blocks": 64, "block_size": 4, "precision": precision, **options}
+    return LLMEngine(model, EngineConfig(**options), log=lambda message: None)
+
+
+def result(out) -> tuple[list[int], list[list[int]], np.ndarray]:
+    """(tokens, each token's logprob ids in order, their logprobs as float32)."""
+    assert out.finish_reason == "length", out.error
+    return (out.token_ids, [list(entry) for entry in out.logprobs],
+            np.array([list(entry.values()) for entry in out.logprobs], dtype=np.float32))
+
+
+def assert_same_bits(got, alone):
+    assert got[0] == alone[0], "tokens"
+    assert got[1] == alone[1], "logprob ids"
+    assert np.array_equal(got[2], alone[2]), f"logprobs differ by up to {np.max(np.abs(got[2] - alone[2])):.3g}"
+
+
+_alone = {}
+
+
+def alone(model, precision: str):
+    """TARGET's result in a fresh engine, alone, without a prefix hit (once per precision)."""
+    if precision not in _alone:
+        (out,) = engine(model, precision).generate([TARGET], PARAMS)
+        _alone[precision] = result(out)
+    return _alone[precision]
+
+
+def among_others(model, precision: str, **options):
+    """TARGET's result batched with OTHERS, TARGET in the middle."""
+    outs = engine(model, precision, **options).generate([OTHERS[0], TARGET, OTHERS[1]], PARAMS)
+    assert all(out.finish_reason == "length" for out in outs), [out.error for out in outs]
+    return result(outs[1])
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_alone_and_among_others_in_chunks_of_8_give_the_same_bits(model, precision):
+    # a budget of 8 tokens cuts every prompt into chunks and puts TARGET's decode steps beside others' prefill
+    assert_same_bits(among_others(model, precision, max_num_batched_tokens=8), alone(model, precision))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("options", [dict(max_num_batched_tokens=5), dict(), dict(chunked_prefill=False)],
+                         ids=["chunks-of-5", "one-step-prefill", "no-chunked-prefill"])
+def test_other_chunk_boundaries_and_no_chunking_give_the_same_bits(model, precision, options):
+    assert_same_bits(among_others(model, precision, **options), alone(model, precision))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_prefix_cache_hit_gives_the_same_bits(model, precision):
+    e = engine(model, precision)
+    e.generate([SHARES_A_PREFIX], PARAMS)
+    (out,) = e.generate([TARGET], PARAMS)
+    assert e.request(out.request_id).seq.num_cached_tokens == 8, "TARGET's first two blocks come from the cache"
+    assert_same_bits(result(out), alone(model, precision))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_preemption_and_recompute_give_the_same_bits(model, precision):
+    # 12 blocks of 4 hold the three prompts (6 + 2 + 4) and no more: the short one's third block preempts the
+    # most recently added, TARGET, which then runs again from its prompt and output so far
+    e = engine(model, precision, num_blocks=12)
+    outs = e.generate([OTHERS[1], OTHERS[0], TARGET], PARAMS)
+    assert all(out.finish_reason == "length" for out in outs), [out.error for out in outs]
+    assert e.request(outs[2].request_id).seq.num_preemptions > 0, "TARGET was preempted and recomputed"
+    assert_same_bits(result(outs[2]), alone(model, precision))
+
+
+@pytest.mark.parametrize("argv, invariant", [(["generate"], True), (["generate", "--no-batch-invariant"], False)])
+def test_the_flag_reaches_the_kernel_plan(argv, invariant):
+    engine = build_engine(parse_args(argv))  # generate, serve, debug, trace, eval
+    assert engine.config.batch_invariant is invariant and engine.runner.plan.batch_invariant is invariant
