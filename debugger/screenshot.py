@@ -1,9 +1,9 @@
 """Make docs/debugger.svg: the demo model with its goldens, stepped through its first layer (press `l`);
 with --serve, docs/serve-debug.svg: `tinyvllm serve --debug` with two streaming HTTP clients, recording,
 after one decode step (`d`); with --tour, docs/course-tour.svg: `tinyvllm debug --tour` walked (`n`) to the
-RMSNorm chapter.
+RMSNorm chapter (--chapter paged-attention --out docs/course-tour-paged.svg: to chapter 20's block tables).
 
-    python -m debugger.screenshot [--serve | --tour] [--out FILE]     (runs in the simulator unless told otherwise)
+    python -m debugger.screenshot [--serve | --tour [--chapter SLUG]] [--out FILE]   (in the simulator unless told)
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ async def take(out: Path, size=(160, 48)) -> None:
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
 
-async def take_tour(out: Path, size=(160, 48)) -> None:
+async def take_tour(out: Path, chapter: str = TOUR_CHAPTER, size=(160, 48)) -> None:
     from tinyvllm.cli import parse_args
 
     from debugger.cli import debug_app
@@ -44,10 +44,10 @@ async def take_tour(out: Path, size=(160, 48)) -> None:
             await app.workers.wait_for_complete()
             while app.busy:   # the run's last message (RunFinished) is on its way
                 await pilot.pause(0.05)
-            if app.tour.lesson.slug == TOUR_CHAPTER:
+            if app.tour.lesson.slug == chapter:
                 break
             if app.tour.index == len(app.tour.lessons) - 1:
-                raise SystemExit(f"the course has no {TOUR_CHAPTER} chapter")
+                raise SystemExit(f"the course has no {chapter} chapter")
             await pilot.press("n")
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
@@ -115,11 +115,14 @@ def main() -> None:
     shot = parser.add_mutually_exclusive_group()
     shot.add_argument("--serve", action="store_true", help="serve --debug with two HTTP clients instead")
     shot.add_argument("--tour", action="store_true", help=f"the course's tour at its {TOUR_CHAPTER} chapter instead")
+    parser.add_argument("--chapter", default=TOUR_CHAPTER, metavar="SLUG",
+                        help="with --tour, the chapter to stop at (its file name without the number, e.g. "
+                             "paged-attention)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
     out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else DEFAULT_OUT)
-    asyncio.run(take_serving(out) if args.serve else take_tour(out) if args.tour else take(out))
+    asyncio.run(take_serving(out) if args.serve else take_tour(out, args.chapter) if args.tour else take(out))
     print(f"wrote {out}")
 
 
