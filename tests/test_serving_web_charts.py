@@ -17,6 +17,8 @@ from tinyvllm.serving.server import STATIC_DIR
 from tests.serving_helpers import quiet, start_server
 from tests.test_serving_web import WAIT_S, browser_paths, by_id, driver, type_into, wait_for  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.slow  # end to end: a server and headless chromium
+
 MAX_TOKENS = 16  # a few tokens a second in the simulator: a stream that lasts many polls
 POLL_MS = 250
 
