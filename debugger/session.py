@@ -32,17 +32,10 @@ import numpy as np
 from tinyvllm.engine.engine import LLMEngine
 from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, StageResult, compare_scheduled_rows
 from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.runner.forward import stage_names
 
 from debugger.precision_shadow import PrecisionDiff, PrecisionShadow
 from debugger.rows import as_rows
-
-LAYER_STAGES = ("input_norm", "q", "k", "v", "attn", "o_proj", "attn_residual", "post_norm", "mlp", "output")
-
-
-def stage_names(num_layers: int) -> list[str]:
-    """Every stage of one forward pass, in order (docs/architecture.md)."""
-    return (["embedding"] + [f"layers.{i}.{s}" for i in range(num_layers) for s in LAYER_STAGES]
-            + ["final_norm", "logits"])
 
 
 # ---- tensors --------------------------------------------------------------------------------------

@@ -9,13 +9,6 @@ BEFORE = ("start",)
 AFTER = ("step-end",)
 
 
-def forward_stages(num_layers: int) -> list[str]:
-    """Every stage of one forward pass, in order."""
-    from tinyvllm.runner.forward import LAYER_STAGES
-    return (["embedding"] + [f"layers.{i}.{s}" for i in range(num_layers) for s in LAYER_STAGES]
-            + ["final_norm", "logits"])
-
-
 @lru_cache(maxsize=1)
 def demo_layers() -> int:
     from tinyvllm.model.config import ModelConfig
@@ -25,4 +18,5 @@ def demo_layers() -> int:
 
 def tour_stages() -> list[str]:
     """Every stage a lesson may name, in the order the tour reaches them in a step."""
-    return list(BEFORE) + forward_stages(demo_layers()) + list(AFTER)
+    from tinyvllm.runner.forward import stage_names
+    return list(BEFORE) + stage_names(demo_layers()) + list(AFTER)

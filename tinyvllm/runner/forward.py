@@ -51,6 +51,12 @@ from tinyvllm.runner.stages import Stage, computed_by, drain, run_stage
 LAYER_STAGES = ("input_norm", "q", "k", "v", "attn", "o_proj", "attn_residual", "post_norm", "mlp", "output")
 
 
+def stage_names(num_layers: int) -> list[str]:
+    """Every stage of one forward pass, in the order they run (docs/architecture.md)."""
+    return (["embedding"] + [f"layers.{i}.{s}" for i in range(num_layers) for s in LAYER_STAGES]
+            + ["final_norm", "logits"])
+
+
 @dataclass(frozen=True)
 class Step:
     """What one stage does: the kernel string its Stage records, its launches, and which of several outputs it
