@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from debugger.session import Breakpoint, RunResult, Session, SessionView
 from tinyvllm.course import CodeRef, Lesson, lesson_for_stage
+from tinyvllm.course.lessons import find_definition
 from tinyvllm.course.stages import AFTER, BEFORE
 from tinyvllm.errors import TinyVLLMError
 
@@ -106,17 +107,6 @@ class Excerpt:
     text: str
 
 
-def _named(nodes, name: str):
-    for node in nodes:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return node
-        targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
-                   if isinstance(node, ast.AnnAssign) else [])
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            return node
-    return None
-
-
 def excerpt(ref: CodeRef) -> Excerpt:
     """The source `ref` names: a def or class (its decorators too), Class.method, or the whole file.
     ValueError names what cannot be found."""
@@ -127,11 +117,9 @@ def excerpt(ref: CodeRef) -> Excerpt:
     lines = source.splitlines()
     if ref.name is None:
         return Excerpt(str(ref), 1, len(lines), source)
-    node = ast.parse(source)
-    for part in ref.name.split("."):
-        node = _named(node.body, part) if hasattr(node, "body") else None
-        if node is None:
-            raise ValueError(f"{ref.path} has no {ref.name}")
+    node = find_definition(ast.parse(source), ref.name)
+    if node is None:
+        raise ValueError(f"{ref.path} has no {ref.name}")
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     return Excerpt(str(ref), first, node.end_lineno, "\n".join(lines[first - 1:node.end_lineno]))
 

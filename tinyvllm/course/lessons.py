@@ -141,19 +141,25 @@ def _defined_names(body: list[ast.stmt]) -> dict[str, ast.stmt]:
     return names
 
 
-def definition_line(file: Path, name: str) -> int | None:
-    """The line defining `name` (top-level, or Class.member) in the Python file, or None."""
-    try:
-        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError):
-        return None
+def find_definition(tree: ast.Module, name: str) -> ast.stmt | None:
+    """The statement defining `name` (top-level, or Class.member) in a parsed module, or None."""
     node, body = None, tree.body
     for part in name.split("."):
         node = _defined_names(body).get(part)
         if node is None:
             return None
         body = node.body if isinstance(node, ast.ClassDef) else []
-    return node.lineno
+    return node
+
+
+def definition_line(file: Path, name: str) -> int | None:
+    """The line defining `name` (top-level, or Class.member) in the Python file, or None."""
+    try:
+        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return None
+    node = find_definition(tree, name)
+    return None if node is None else node.lineno
 
 
 def lesson_files(directory: Path = LESSONS_DIR) -> list[Path]:
