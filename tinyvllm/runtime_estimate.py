@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 
 from tinyvllm.model.config import ModelConfig
+from tinyvllm.model.weights import expected_tensor_shapes
 
 # seconds per unit, fitted as the module docstring says
 LAUNCH_S = 1.9e-2
@@ -72,26 +73,27 @@ class SimulatorCounts:
 
 
 def layer_weights(c: ModelConfig) -> int:
-    """Weights of one decoder layer's projections: q|k|v, o_proj, gate|up, down_proj."""
-    q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    return c.hidden_size * (q_width + 2 * kv_width) + q_width * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    """Weights of one decoder layer's projections: q|k|v, o_proj, gate|up, down_proj (the model's tensor shapes)."""
+    return sum(math.prod(shape) for name, shape in expected_tensor_shapes(c).items()
+               if name.startswith("model.layers.0.") and name.endswith("_proj.weight"))
 
 
-def add_step(counts: SimulatorCounts, c: ModelConfig, tokens: int, logits_rows: int, visible_keys: int) -> None:
+def add_step(counts: SimulatorCounts, c: ModelConfig, per_layer: int, tokens: int, logits_rows: int,
+             visible_keys: int) -> None:
     """One forward step over `tokens` tokens, `logits_rows` of them through the LM head, whose queries see
-    `visible_keys` keys in all."""
+    `visible_keys` keys in all; `per_layer`: layer_weights(c)."""
     head = c.vocab_size * c.hidden_size
     counts.steps += 1
     counts.launches += KERNELS_PER_LAYER * c.num_hidden_layers + KERNELS_PER_STEP
-    counts.weight_reads += (c.num_hidden_layers * layer_weights(c) * math.ceil(tokens / GEMV_CHUNK)
+    counts.weight_reads += (c.num_hidden_layers * per_layer * math.ceil(tokens / GEMV_CHUNK)
                             + head * math.ceil(logits_rows / GEMV_CHUNK))
-    counts.macs += c.num_hidden_layers * layer_weights(c) * tokens + head * logits_rows
+    counts.macs += c.num_hidden_layers * per_layer * tokens + head * logits_rows
     counts.attention += c.num_hidden_layers * c.num_attention_heads * c.head_dim * visible_keys
 
 
 def simulator_counts(c: ModelConfig, work: Work) -> SimulatorCounts:
     """The counts of `work` on a model of config `c`, scheduled in waves (the module docstring)."""
-    counts = SimulatorCounts()
+    counts, per_layer = SimulatorCounts(), layer_weights(c)
     requests = list(zip(work.prompt_tokens, work.new_tokens))
     for start in range(0, len(requests), work.max_num_seqs):
         wave = requests[start:start + work.max_num_seqs]
@@ -100,11 +102,12 @@ def simulator_counts(c: ModelConfig, work: Work) -> SimulatorCounts:
         keys = sum(p * (p + 1) // 2 for p, _ in wave)
         rows = total_prompt if work.every_prompt_token_logits else len(wave)
         for i in range(chunks):  # the wave's prompt tokens, keys and sampled rows spread evenly over its chunks
-            add_step(counts, c, _share(total_prompt, i, chunks), _share(rows, i, chunks), _share(keys, i, chunks))
+            add_step(counts, c, per_layer, _share(total_prompt, i, chunks), _share(rows, i, chunks),
+                     _share(keys, i, chunks))
         for j in range(1, max((n for _, n in wave), default=1)):  # decode: the first new token came with the prefill
             running = [p for p, n in wave if n > j]
             # each running request's token at position p + j - 1 sees p + j keys
-            add_step(counts, c, len(running), len(running), sum(p + j for p in running))
+            add_step(counts, c, per_layer, len(running), len(running), sum(p + j for p in running))
     return counts
 
 
