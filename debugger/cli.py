@@ -33,7 +33,7 @@ def debug_app(args):
         from debugger.tour import Tour
         from tinyvllm.course import load_lessons
         tour = Tour(load_lessons())
-    return DebuggerApp(trace.session_from_args(args, build_engine(args)), tour)
+    return DebuggerApp(trace.session_from_args(args, build_engine(args, reference=True)), tour)
 
 
 def run(args) -> int:

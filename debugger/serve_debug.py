@@ -447,7 +447,7 @@ def run(args) -> int:
     if args.jsonl:
         raise TinyVLLMError("--debug serves HTTP; it does not go with --jsonl")
     sock = listen(args.host, args.port)  # before the model loads: a busy port fails at once
-    engine = build_engine(args)
+    engine = build_engine(args, reference=True)
     goldens = Goldens.load(DEFAULT_GOLDENS) if args.model is None else None
     session, feed = serving_session(engine, args.model, goldens, args.max_waiting)
     if args.record:

@@ -70,7 +70,7 @@ def run(args) -> int:
     if args.no_goldens and not (args.prompt or args.requests):
         raise TinyVLLMError("nothing to run: without --prompt TEXT or --requests FILE the golden prompts run, "
                             "and --no-goldens leaves none")
-    engine = build_engine(args)
+    engine = build_engine(args, reference=True)
     names = stage_names(engine.model.config.num_hidden_layers)
     if args.stage not in names:
         raise TinyVLLMError(f"unknown stage {args.stage!r}: --list shows the {len(names)} stage names")

@@ -20,15 +20,18 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--batch-invariant", choices=("on", "off", "auto"), default="auto",
+                        help="the engine's batch invariance (auto: EngineConfig's default)")
     args = parser.parse_args()
     from kernels_numba.common import cuda
     from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.engine.sampling_params import SamplingParams
     batches = [int(b) for b in args.batches.split(",")]
     blocks_per_seq = (args.prompt_len + 3 * args.steps + 16) // 16 + 1
-    engine = LLMEngine(args.model_dir, EngineConfig(num_blocks=max(batches) * blocks_per_seq + 64, max_model_len=max(1024, 16 * blocks_per_seq),
+    engine = LLMEngine(args.model_dir, EngineConfig(pipeline_decode=False, num_blocks=max(batches) * blocks_per_seq + 64, max_model_len=max(1024, 16 * blocks_per_seq),
                                                     max_num_seqs=max(batches), max_num_batched_tokens=16384,
-                                                    cuda_graphs=True))
+                                                    cuda_graphs=True,
+                                                    batch_invariant={"on": True, "off": False}.get(args.batch_invariant)))
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
     graphs = engine.runner.decode_graphs
     for batch in batches:

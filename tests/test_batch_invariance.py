@@ -2,20 +2,16 @@
 (KernelPlan.batch_invariant; docs/batch-invariance.md). One request (TARGET) run alone in a fresh engine against
 the same request among others of different lengths: with chunked prefill at different chunk boundaries and
 without it, after a prefix-cache hit, and preempted and recomputed, in both precisions, in the simulator on the
-demo model. Greedy, so the tokens follow the logits; the top-3 logprobs of every output token are compared as
+demo model, on a GPU too (TINYVLLM_TEST_GPU=1). Greedy, so the tokens follow the logits; the top-3 logprobs of every output token are compared as
 float32 with np.array_equal (no tolerance: one reduction in another order moves their last bits)."""
 import numpy as np
 import pytest
 
-from kernels_numba.common import SIMULATOR
 from tinyvllm.cli import parse_args
-from tinyvllm.engine.args import build_engine
+from tinyvllm.engine.args import build_engine, engine_config_from_args
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.model.loader import load_model
-
-# The GPU plans still pick kernels, tiles and splits by the step's rows (docs/batch-invariance.md lists them).
-pytestmark = pytest.mark.skipif(not SIMULATOR, reason="the GPU plans are not batch-invariant yet")
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True)
 TARGET = [1, *range(300, 312)]                   # 13 tokens: 3 full blocks of 4 and one more token
@@ -30,7 +26,7 @@ def model():
 
 
 def engine(model, precision: str, **options) -> LLMEngine:
-    options = {"num_blocks": 64, "block_size": 4, "precision": precision, **options}
+    options = {"num_blocks": 64, "block_size": 4, "precision": precision, "batch_invariant": True, **options}
     return LLMEngine(model, EngineConfig(**options), log=lambda message: None)
 
 
@@ -103,7 +99,25 @@ def test_preemption_and_recompute_give_the_same_bits(model, precision):
     assert_same_bits(result(outs[2]), alone(model, precision))
 
 
-@pytest.mark.parametrize("argv, invariant", [(["generate"], True), (["generate", "--no-batch-invariant"], False)])
-def test_the_flag_reaches_the_kernel_plan(argv, invariant):
+@pytest.mark.parametrize("argv, setting, invariant", [
+    (["generate"], None, True),  # the default: on, the simulator's (and fp32's) plans cost nothing for it
+    (["generate", "--batch-invariant"], True, True),
+    (["generate", "--no-batch-invariant"], False, False)])
+def test_the_flag_reaches_the_kernel_plan(argv, setting, invariant):
     engine = build_engine(parse_args(argv))  # generate, serve, debug, trace, eval
-    assert engine.config.batch_invariant is invariant and engine.runner.plan.batch_invariant is invariant
+    assert engine.config.batch_invariant is setting and engine.runner.plan.batch_invariant is invariant
+
+
+@pytest.mark.parametrize("argv, invariant", [(["eval"], True), (["eval", "--no-batch-invariant"], False),
+                                             (["check-goldens"], True), (["debug"], True)])
+def test_commands_that_compare_runs_are_invariant_unless_told(argv, invariant):
+    assert engine_config_from_args(parse_args(argv), reference=True).batch_invariant is invariant
+    assert engine_config_from_args(parse_args(argv)).batch_invariant in (None, False)
+
+
+def test_the_default_leaves_out_only_the_fast_precision_on_a_gpu():
+    default, on, off = EngineConfig(), EngineConfig(batch_invariant=True), EngineConfig(batch_invariant=False)
+    assert [default.invariant_for(p, simulator) for p in ("fp32", "fast") for simulator in (True, False)] == [
+        True, True, True, False]
+    assert all(on.invariant_for(p, s) for p in ("fp32", "fast") for s in (True, False))
+    assert not any(off.invariant_for(p, s) for p in ("fp32", "fast") for s in (True, False))

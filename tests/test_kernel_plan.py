@@ -1,7 +1,8 @@
 """The kernel plan's choices against its table (tinyvllm/runner/kernel_plan.py), asked of a GPU's plan and of the
 simulator's on any machine: choices only, nothing launched. Llama-3.2-1B's shapes; the default crossovers
-(FAST_GEMV_MAX_TOKENS 2, matmul.MAX_COALESCED_TOKENS 32). The simulator's plans are batch-invariant by default
-(KernelPlan.batch_invariant); BATCH_DEPENDENT is the simulator's plan with it off (--no-batch-invariant)."""
+(FAST_GEMV_MAX_TOKENS 2, matmul.MAX_COALESCED_TOKENS 32). The plans are batch-invariant by default
+(KernelPlan.batch_invariant); GPU_DEPENDENT and BATCH_DEPENDENT are the GPU's and the simulator's plans with it off
+(--no-batch-invariant)."""
 from types import SimpleNamespace
 
 import pytest
@@ -10,11 +11,13 @@ from tinyvllm.runner.kernel_plan import KernelPlan
 
 HIDDEN, HEADS_WIDTH, INTERMEDIATE, KV_HEADS = 2048, 32 * 64, 8192, 8
 LAYER_INPUTS = (HIDDEN, HEADS_WIDTH, INTERMEDIATE)
-GPU, SIMULATOR, BATCH_DEPENDENT = "gpu", "simulator", "simulator, batch-dependent"
+GPU, GPU_DEPENDENT = "gpu", "gpu, batch-dependent"
+SIMULATOR, BATCH_DEPENDENT = "simulator", "simulator, batch-dependent"
 
 
 def plan(precision: str, where: str) -> KernelPlan:
-    return KernelPlan(precision, head_dim=64, group=4, simulator=where != GPU, batch_invariant=where != BATCH_DEPENDENT)
+    return KernelPlan(precision, head_dim=64, group=4, simulator=where in (SIMULATOR, BATCH_DEPENDENT),
+                      batch_invariant=where in (GPU, SIMULATOR))
 
 
 def attention(p: KernelPlan, tokens: int, decode_only: bool) -> str:
@@ -25,13 +28,17 @@ def attention(p: KernelPlan, tokens: int, decode_only: bool) -> str:
 
 
 @pytest.mark.parametrize("precision, simulator, rows, projection, fused_gemv_layer", [
-    ("fp32", GPU, 1, "matmul.gemv_coalesced", True),
-    ("fp32", GPU, 32, "matmul.gemv_coalesced", True),
-    ("fp32", GPU, 33, "matmul.gemm_blocked", False),
-    ("fp32", GPU, 4096, "matmul.gemm_blocked", False),
-    ("fast", GPU, 2, "matmul.gemv_coalesced", True),     # up to FAST_GEMV_MAX_TOKENS: the fused GEMVs
-    ("fast", GPU, 3, "gemm_tc.gemm_tc", False),
+    ("fp32", GPU, 1, "matmul.gemm_blocked (one pass)", False),   # invariant: one kernel, no split-K, no fusion
+    ("fp32", GPU, 4096, "matmul.gemm_blocked (one pass)", False),
+    ("fast", GPU, 1, "gemm_tc.gemm_tc", False),                   # the tensor cores for every row count
     ("fast", GPU, 4096, "gemm_tc.gemm_tc", False),
+    ("fp32", GPU_DEPENDENT, 1, "matmul.gemv_coalesced", True),
+    ("fp32", GPU_DEPENDENT, 32, "matmul.gemv_coalesced", True),
+    ("fp32", GPU_DEPENDENT, 33, "matmul.gemm_blocked", False),
+    ("fp32", GPU_DEPENDENT, 4096, "matmul.gemm_blocked", False),
+    ("fast", GPU_DEPENDENT, 2, "matmul.gemv_coalesced", True),   # up to FAST_GEMV_MAX_TOKENS: the fused GEMVs
+    ("fast", GPU_DEPENDENT, 3, "gemm_tc.gemm_tc", False),
+    ("fast", GPU_DEPENDENT, 4096, "gemm_tc.gemm_tc", False),
     ("fp32", SIMULATOR, 1, "matmul.gemv", False),         # the simulator: gemv for everything on CUDA cores
     ("fp32", SIMULATOR, 4096, "matmul.gemv", False),
     ("fast", SIMULATOR, 1, "gemm_tc.gemm_tc", False),     # the tensor cores for every row count
@@ -46,15 +53,20 @@ def test_projections_and_the_layer_kind(precision, simulator, rows, projection, 
 
 
 @pytest.mark.parametrize("precision, simulator, tokens, decode_only, kernel", [
-    ("fp32", GPU, 1, True, "decode_gqa.paged_attention_flash_decode"),   # under 64 (query, KV head) pairs
-    ("fp32", GPU, 7, True, "decode_gqa.paged_attention_flash_decode"),
-    ("fp32", GPU, 8, True, "decode_gqa.paged_attention_decode_gqa"),
-    ("fp32", GPU, 63, True, "decode_gqa.paged_attention_decode_gqa"),
-    ("fp32", GPU, 64, True, "decode_warps.paged_attention_decode_warps"),  # from 512 pairs
-    ("fast", GPU, 1, True, "decode_gqa.paged_attention_flash_decode"),   # decode: both precisions alike
-    ("fast", GPU, 64, True, "decode_warps.paged_attention_decode_warps"),
+    ("fp32", GPU, 1, True, "prefill_gqa.paged_attention_prefill_gqa"),  # invariant: decode as prefill
+    ("fp32", GPU, 64, True, "prefill_gqa.paged_attention_prefill_gqa"),
     ("fp32", GPU, 4096, False, "prefill_gqa.paged_attention_prefill_gqa"),
+    ("fast", GPU, 1, True, "prefill_tc.paged_attention_prefill_tc"),
     ("fast", GPU, 4096, False, "prefill_tc.paged_attention_prefill_tc"),
+    ("fp32", GPU_DEPENDENT, 1, True, "decode_gqa.paged_attention_flash_decode"),   # under 64 (query, KV head) pairs
+    ("fp32", GPU_DEPENDENT, 7, True, "decode_gqa.paged_attention_flash_decode"),
+    ("fp32", GPU_DEPENDENT, 8, True, "decode_gqa.paged_attention_decode_gqa"),
+    ("fp32", GPU_DEPENDENT, 63, True, "decode_gqa.paged_attention_decode_gqa"),
+    ("fp32", GPU_DEPENDENT, 64, True, "decode_warps.paged_attention_decode_warps"),  # from 512 pairs
+    ("fast", GPU_DEPENDENT, 1, True, "decode_gqa.paged_attention_flash_decode"),   # decode: both precisions alike
+    ("fast", GPU_DEPENDENT, 64, True, "decode_warps.paged_attention_decode_warps"),
+    ("fp32", GPU_DEPENDENT, 4096, False, "prefill_gqa.paged_attention_prefill_gqa"),
+    ("fast", GPU_DEPENDENT, 4096, False, "prefill_tc.paged_attention_prefill_tc"),
     ("fp32", SIMULATOR, 1, True, "per_query.paged_attention_per_query"),
     ("fp32", SIMULATOR, 16, False, "per_query.paged_attention_per_query"),
     ("fast", SIMULATOR, 1, True, "prefill_tc.paged_attention_prefill_tc"),  # decode as prefill: one kernel
@@ -69,28 +81,34 @@ def test_attention(precision, simulator, tokens, decode_only, kernel):
 def test_the_gate_runs_inside_gate_up_where_the_fast_plan_takes_it_in_one_pass():
     fused = "gemm_tc.gemm_tc (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)"
     assert plan("fast", GPU).gate(4096, HIDDEN, INTERMEDIATE).name == fused
+    assert plan("fast", GPU).gate(1, HIDDEN, INTERMEDIATE).name == fused  # invariant: no split-K, so in one pass
     assert plan("fast", SIMULATOR).gate(16, HIDDEN, INTERMEDIATE).name == fused
-    assert plan("fp32", GPU).gate(4096, HIDDEN, INTERMEDIATE).name == (
+    assert plan("fp32", GPU_DEPENDENT).gate(4096, HIDDEN, INTERMEDIATE).name == (
         "matmul.gemm_blocked (gate|up in one) + activation.silu_mul_gate_up")
     assert plan("fp32", SIMULATOR).gate(16, HIDDEN, INTERMEDIATE).name == (
         "matmul.gemv (gate|up in one) + activation.silu_mul_gate_up")
     assert plan("fast", GPU).swiglu(4096, INTERMEDIATE).name == "activation.silu_mul_gate_up (bf16)"
 
 
+@pytest.mark.parametrize("where", [SIMULATOR, GPU])
 @pytest.mark.parametrize("precision", ["fp32", "fast"])
-def test_the_simulators_plans_choose_alike_for_every_row_count_and_step_kind(precision):
-    """The plan-side half of tests/test_batch_invariance.py: one projection kernel and one attention kernel whatever
-    the step's rows and mix, and a decode-only step gets the query tiles its attention reads."""
-    p = plan(precision, SIMULATOR)
-    assert len({p.projection(rows, k).name for rows in (1, 2, 7, 33, 512) for k in LAYER_INPUTS}) == 1
-    assert len({attention(p, tokens, decode_only) for tokens in (1, 16, 64) for decode_only in (True, False)}) == 1
-    assert p.tiled_attention(decode_only=True) == p.tiled_attention(decode_only=False) == (precision == "fast")
+def test_invariant_plans_choose_alike_for_every_row_count_and_step_kind(precision, where):
+    """The plan-side half of tests/test_batch_invariance.py: one projection kernel, no split-K, no fused layer and
+    one attention kernel whatever the step's rows and mix, and a decode-only step gets the query tiles its attention
+    reads."""
+    p = plan(precision, where)
+    rows_seen = (1, 2, 3, 7, 33, 64, 512, 4096)
+    assert len({p.projection(rows, k).name for rows in rows_seen for k in LAYER_INPUTS}) == 1
+    assert not any(p.fused_gemv_layer(rows, LAYER_INPUTS) for rows in rows_seen)
+    assert {p.tc_splits(rows, HIDDEN, INTERMEDIATE, p.tc_tile(rows, HIDDEN)) for rows in rows_seen} == {1}
+    assert len({attention(p, tokens, decode_only) for tokens in rows_seen for decode_only in (True, False)}) == 1
+    tiled = where == GPU or precision == "fast"  # the simulator's fp32 attention (per_query) takes no tiles
+    assert p.tiled_decode == tiled
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fast"])
-def test_batch_invariant_changes_nothing_on_a_gpu_yet(precision):
-    invariant, dependent = (KernelPlan(precision, 64, 4, simulator=False, batch_invariant=on) for on in (True, False))
-    for rows in (1, 2, 3, 33, 4096):
-        assert invariant.projection(rows, HIDDEN).name == dependent.projection(rows, HIDDEN).name
-        for decode_only in (True, False):
-            assert attention(invariant, rows, decode_only) == attention(dependent, rows, decode_only)
+def test_the_batch_dependent_gpu_plan_splits_k_for_decode_batches():
+    """What --no-batch-invariant keeps on a GPU: down_proj of a 64-row decode step splits K, a prefill does not."""
+    p = plan("fast", GPU_DEPENDENT)
+    assert p.tc_splits(64, HIDDEN, INTERMEDIATE, p.tc_tile(64, HIDDEN)) > 1
+    assert p.tc_splits(4096, HIDDEN, INTERMEDIATE, p.tc_tile(4096, HIDDEN)) == 1
+    assert not p.tiled_decode

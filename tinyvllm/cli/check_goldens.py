@@ -24,7 +24,7 @@ def run(args) -> int:
     args.precision = "fp32"  # auto too
     args.kv_cache_dtype = "float32"
     goldens = Goldens.load(args.goldens or DEFAULT_GOLDENS)
-    engine = build_engine(args)
+    engine = build_engine(args, reference=True)
     _announce(engine, goldens, check_greedy=not args.no_greedy)
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     print(f"goldens: {goldens.path} ({len(goldens.prompts)} prompts, source: {goldens.meta.get('source', '?')})")

@@ -118,7 +118,7 @@ def _backend(args, config: EvalConfig, log):
         log(f"evaluating through {backend.name}")
         return backend, tokenizer, {"tokenizer_dir": str(args.model), "served_model": backend.model}, config
     from tinyvllm.evaluation.backends import EngineBackend
-    engine_config = engine_config_from_args(args, max_model_len=args.max_model_len or config.max_context)
+    engine_config = engine_config_from_args(args, reference=True, max_model_len=args.max_model_len or config.max_context)
     engine = build_engine(args, engine_config, log=log)
     if engine.max_model_len < config.max_context:
         log(f"note: the model's context is {engine.max_model_len} tokens: --max-context lowered to it")

@@ -30,13 +30,19 @@ def add_engine_arguments(parser) -> None:
                    help="prefill each prompt in one step (default: chunks within the token budget)")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prefixes")
     add_precision_arguments(e)
-    e.add_argument("--no-batch-invariant", action="store_true",
-                   help="let the kernel choices follow each step's rows (default: a request's tokens and logprobs "
-                        "do not depend on its batch; simulator only so far: docs/batch-invariance.md)")
+    invariance = e.add_mutually_exclusive_group()
+    invariance.add_argument("--batch-invariant", dest="batch_invariant", action="store_true", default=None,
+                            help="a request's tokens and logprobs, bit for bit, whatever shares its steps (default: on, "
+                                 "except generate, serve and bench in the fast precision on a GPU, where it costs "
+                                 "speed: docs/batch-invariance.md)")
+    invariance.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false",
+                            help="let the kernel choices follow each step's rows, everywhere")
 
 
-def engine_config_from_args(args, **overrides):
-    """The EngineConfig the engine flags describe; `overrides` replace single fields."""
+def engine_config_from_args(args, reference: bool = False, **overrides):
+    """The EngineConfig the engine flags describe; `overrides` replace single fields. `reference`: a command whose
+    runs are compared with others (check-goldens, eval, debug, trace), batch-invariant unless --no-batch-invariant
+    (elsewhere EngineConfig's default decides)."""
     from tinyvllm.engine.engine import EngineConfig
     fields = dict(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -44,12 +50,12 @@ def engine_config_from_args(args, **overrides):
         max_model_len=args.max_model_len, chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, batching=args.batching,
         kv_cache_dtype=args.kv_cache_dtype, precision=args.precision,
-        batch_invariant=not args.no_batch_invariant)
+        batch_invariant=True if reference and args.batch_invariant is None else args.batch_invariant)
     return EngineConfig(**(fields | overrides))
 
 
-def build_engine(args, config=None, **engine_options):
-    """An LLMEngine on --model with `config` (default: engine_config_from_args(args)); `engine_options`
+def build_engine(args, config=None, reference: bool = False, **engine_options):
+    """An LLMEngine on --model with `config` (default: engine_config_from_args(args, reference)); `engine_options`
     go to LLMEngine (e.g. log)."""
     from tinyvllm.engine.engine import LLMEngine
-    return LLMEngine(args.model, config or engine_config_from_args(args), **engine_options)
+    return LLMEngine(args.model, config or engine_config_from_args(args, reference), **engine_options)

@@ -34,8 +34,9 @@ class EngineConfig:
     #                                       fast precision, float32 with fp32 (kv_pool.resolve_kv_cache_dtype)
     precision: str = "auto"               # "fp32" (the reference), "fast" (bf16 activations into tensor cores),
     #                                       "auto": fast on a GPU with bf16 weights (kernel_plan.resolve_precision)
-    batch_invariant: bool = True          # a request's tokens and logprobs whatever shares its steps (in the
-    #                                       simulator; KernelPlan.batch_invariant, docs/batch-invariance.md)
+    batch_invariant: bool | None = None   # a request's tokens and logprobs whatever shares its steps
+    #                                       (KernelPlan.batch_invariant, docs/batch-invariance.md); None: on, except
+    #                                       the fast precision on a GPU (invariant_for)
 
     def __post_init__(self):
         def check(ok, message):
@@ -50,6 +51,14 @@ class EngineConfig:
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_precision(self.precision)
+
+    def invariant_for(self, precision: str, simulator: bool) -> bool:
+        """Whether the engine's kernel plan is batch-invariant at a resolved precision: batch_invariant, or where it
+        is None, everywhere but the fast precision on a GPU (there it costs batch-1 decode ~2.6x its time:
+        docs/batch-invariance.md)."""
+        if self.batch_invariant is not None:
+            return self.batch_invariant
+        return precision != "fast" or simulator
 
     def max_model_len_for(self, max_position_embeddings: int) -> int:
         """The longest prompt + output this engine runs on a model of that context: max_model_len (default

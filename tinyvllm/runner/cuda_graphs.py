@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from kernels_numba.attention import PrefillTiles, prefill_tiles_host
 from kernels_numba.common import SIMULATOR, BufferArena, cuda, launching_into
 from kernels_numba.sampling import argmax
 
@@ -97,6 +98,8 @@ class CapturedDecode(CapturedStep):
     def __init__(self, forward: ForwardPass, bucket: int, max_blocks_per_seq: int):
         self.forward, self.bucket, self.width = forward, bucket, max_blocks_per_seq
         B, W = bucket, max_blocks_per_seq
+        # where decode-only steps run the prefill attention (KernelPlan.tiled_decode): a query tile per row
+        self.tile_queries = forward.plan.prefill_tile_queries() if forward.plan.tiled_decode else None
         dummy = self._inputs(ForwardBatch([0], [0], [0], [-1], np.zeros((1, 1), np.int32), [0]))
         size = sum(a.size for a in dummy)
         # two pinned input buffers and two for the tokens read back, used in turn by pipelined launches
@@ -106,10 +109,12 @@ class CapturedDecode(CapturedStep):
         self._turn = 0
         _, layout = pack_int32(dummy, out=self._hosts[0])
         self._device = cuda.to_device(self._hosts[0])
-        token_ids, positions, query_seq, slots, tables = unpack(self._device, layout)
+        views = unpack(self._device, layout)
+        token_ids, positions, query_seq, slots, tables = views[:5]
+        tiles = None if self.tile_queries is None else PrefillTiles(*views[5:], B)
         self.greedy_ids = cuda.to_device(np.zeros(B, np.int32))  # each row's argmax; the next step's FED_BACK ids
         self._batch = DeviceBatch(token_ids, positions, query_seq, slots, tables, decode_only=True,
-                                  fed_back=self.greedy_ids)
+                                  prefill_tiles=tiles, fed_back=self.greedy_ids)
         assert tables.shape == (B, W)
         self._record(BufferArena())
         self.logits = self.output
@@ -132,7 +137,11 @@ class CapturedDecode(CapturedStep):
         token_ids[:T], positions[:T], slots[:T] = batch.token_ids, batch.positions, batch.slot_mapping
         tables[:T, :batch.block_tables.shape[1]] = batch.block_tables[batch.query_seq]
         tables[T:, 0] = 0
-        return [token_ids, positions, np.arange(B, dtype=np.int32), slots, tables]
+        query_seq = np.arange(B, dtype=np.int32)
+        arrays = [token_ids, positions, query_seq, slots, tables]
+        if self.tile_queries is not None:  # a tile per row, the padding rows' too
+            arrays += prefill_tiles_host(query_seq, positions, self.tile_queries, B)
+        return arrays
 
     def run(self, batch: ForwardBatch) -> tuple:
         """Run the step for `batch` (decode-only, logits for every row): device arrays of the logits

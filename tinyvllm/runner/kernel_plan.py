@@ -8,7 +8,7 @@
 
 A KernelPlan answers each choice with a `Kernel`: the name a Stage records and the launch itself, one object, so
 what the record says is what ran. tinyvllm/runner/forward.py walks the layers once and asks the plan per stage;
-only these choices differ:
+only these choices differ (the batch-dependent plans', --no-batch-invariant; the invariant plans below the table):
 
 | step / stage                                 | fp32                             | fast                           |
 |----------------------------------------------|----------------------------------|--------------------------------|
@@ -34,13 +34,21 @@ the fused-GEMV layer never runs; the fp32 plan's attention is per_query for ever
 tensor cores from 1 row (2 without batch invariance, below) with one narrow tile (SIMULATOR_TILE, no split-K) and
 prefill_tc's narrowest block, for every step (decode-only steps: per_query without batch invariance).
 
-Batch invariance (KernelPlan.batch_invariant, on by default; EngineConfig.batch_invariant, --no-batch-invariant):
+Batch invariance (KernelPlan.batch_invariant; EngineConfig.batch_invariant, --batch-invariant / --no-batch-invariant):
 a request's tokens and logprobs must not depend on what else shares its steps (docs/batch-invariance.md lists every
-choice above that breaks it, and why). In the simulator the plans are invariant: every reduction runs per row in an
-order fixed by the model's shapes (gemv and SIMULATOR_TILE walk K in one fixed order; per_query and prefill_tc walk
-the keys from position 0 in fixed tiles), once the fast plan sends a step's every row to the same kernels whatever
-its row count and its mix: gemm_tc from 1 row (not gemv for a lone row: x unrounded) and prefill_tc for decode-only
-steps too (not per_query: other roundings). The GPU plans are not yet: the flag changes nothing there.
+choice above that breaks it, and why). An invariant plan sends every row of every step to the same kernels, each
+reducing in an order fixed by the row and the model's shapes, never by the step's row count or mix:
+- projections: fast, gemm_tc from 1 row (not the GEMVs: x unrounded) in one pass (no split-K: split_for decides by
+  rows); fp32 on a GPU, gemm_blocked in one pass for every row count (each output sums K from 0 up in one thread;
+  not gemv_coalesced's strided K and tree); no fused-GEMV layer (its norm and residual round otherwise);
+- attention: decode-only steps run the prefill kernel (prefill_tc, or prefill_gqa in fp32 on a GPU), each query a
+  tile of its own; both walk a query's keys from position 0 in fixed key tiles (a tile past a query's position only
+  masks: the max stays, the rescale is exactly 1, the sums add exact zeros), so chunk boundaries, tiles and
+  neighbours change nothing. gemm_tc's tile may follow the rows: each output walks K in ascending 16-wide mma steps
+  whatever the tile. In the simulator gemv and per_query already reduce per row in a fixed order.
+EngineConfig's default is invariant everywhere but the fast precision on a GPU, where the GEMVs, split-K and
+flash-decoding it gives up cost batch-1 decode about 2.6x its time (measured: docs/batch-invariance.md);
+check-goldens, eval, debug and trace turn it on there too (engine_config_from_args' `reference`).
 
 At decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not fill the SMs (tc_splits:
 o_proj and down_proj of the 1B model at 64-256 rows); prefill GEMMs run in one pass. tc_min_rows() is the GEMV
@@ -108,6 +116,13 @@ def resolve_precision(requested: str, weight_dtype, simulator: bool = SIMULATOR)
     return requested
 
 
+def _gemm_blocked_one_pass(x, w):
+    """gemm_blocked without split-K, for every row count: each output sums K from 0 up in one thread, whatever the
+    step's rows (gemm_splits decides the split by rows; a split fixed per weight shape would cost prefill a
+    workspace of splits x its output)."""
+    return _matmul.gemm_blocked(x, w, splits=1)
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One choice of the plan: the name a Stage records (module.launcher, with what it fuses) and its launch."""
@@ -137,9 +152,8 @@ class KernelPlan:
 
     @property
     def invariant(self) -> bool:
-        """Whether this plan's choices keep each row's reductions independent of the batch: batch_invariant asked,
-        in the simulator (the GPU plans' choices depend on the batch: docs/batch-invariance.md)."""
-        return self.batch_invariant and self.simulator
+        """Whether this plan's choices keep each row's reductions independent of the batch (batch_invariant)."""
+        return self.batch_invariant
 
     # ---- the tensor cores' shapes: the simulator's are the narrowest ----
     def tc_tile(self, rows: int, out_features: int) -> TileShape:
@@ -148,14 +162,19 @@ class KernelPlan:
 
     def tc_splits(self, rows: int, out_features: int, in_features: int, tile: TileShape) -> int:
         """gemm_tc's split-K: gemm_tc.split_for's choice on a GPU (decode batches whose blocks do not fill the SMs),
-        1 in the simulator (one block at a time: splitting only adds a launch)."""
-        return 1 if self.simulator else _gemm_tc.split_for(rows, out_features, in_features, tile)
+        1 in the simulator (one block at a time: splitting only adds a launch) and where invariant (split_for
+        decides by rows: a decode row would sum its K in other partials than the same row in a prefill)."""
+        if self.simulator or self.invariant:
+            return 1
+        return _gemm_tc.split_for(rows, out_features, in_features, tile)
 
     def tc_min_rows(self) -> int:
-        """The fewest rows a projection takes to the tensor cores: past the fast plan's GEMV crossover on a GPU; in the
-        simulator 1 where invariant (a lone row rounded to bf16 as in any batch), else 2."""
+        """The fewest rows a projection takes to the tensor cores: 1 where invariant (a lone row rounded to bf16 as in
+        any batch); else 2 in the simulator and past the fast plan's GEMV crossover on a GPU."""
+        if self.invariant:
+            return 1
         if self.simulator:
-            return 1 if self.invariant else 2
+            return 2
         return min(FAST_GEMV_MAX_TOKENS, _matmul.MAX_COALESCED_TOKENS) + 1
 
     def tc_attention_shape(self) -> tuple[int, int]:
@@ -174,6 +193,8 @@ class KernelPlan:
                 tile = self.tc_tile(x.shape[0], w.shape[0])
                 return gemm_tc(x, w, tile=tile, splits=self.tc_splits(x.shape[0], w.shape[0], x.shape[1], tile))
             return Kernel("gemm_tc.gemm_tc", tensor_cores)
+        if self.invariant and not self.simulator:
+            return Kernel("matmul.gemm_blocked (one pass)", _gemm_blocked_one_pass)
         name, launch = _matmul.linear_kernel(rows, in_features, self.simulator)
         return Kernel("matmul." + name, lambda x, w: launch(x, w))
 
@@ -224,7 +245,7 @@ class KernelPlan:
         """Whether a step of `rows` tokens runs the fused-GEMV layer (forward.FusedGemvLayer): when gemv_coalesced
         serves every projection of the layer (inputs of in_features: hidden, n_heads * head_dim, intermediate),
         which the fast plan has not sent to the tensor cores."""
-        if self.uses_tensor_cores(rows, in_features[0]):  # past the fast plan's GEMV crossover
+        if self.invariant or self.uses_tensor_cores(rows, in_features[0]):  # invariant: projection's kernels only
             return False
         return all(_matmul.linear_kernel(rows, k, self.simulator)[0] == "gemv_coalesced" for k in in_features)
 
@@ -240,10 +261,16 @@ class KernelPlan:
             return tc_queries_per_tile(self.group, self.tc_attention_shape()[0])
         return None if self.simulator else gqa_shape(self.head_dim, self.group)[0]
 
+    @property
+    def tiled_decode(self) -> bool:
+        """Whether decode-only steps run the prefill attention (prefill_tc, or prefill_gqa on a GPU in fp32), each
+        query a tile of its own: where invariant, so that a query takes one kernel whatever its neighbours."""
+        return self.invariant and self.prefill_tile_queries() is not None
+
     def tiled_attention(self, decode_only: bool) -> bool:
         """Whether a step's attention is prefill_tc: every step with prefill chunks in the fast plan, and its
-        decode-only steps too where invariant (one kernel for a query whatever its neighbours)."""
-        return self.tc_attention and (not decode_only or self.invariant)
+        decode-only steps too where tiled_decode."""
+        return self.tc_attention and (not decode_only or self.tiled_decode)
 
     def prefill_tiles(self, query_seq, positions):
         """The query tiles a step with prefill chunks needs (built once, host side, for all layers); None when its
@@ -254,7 +281,7 @@ class KernelPlan:
     def step_tiles(self, decode_only: bool, query_seq, positions):
         """The query tiles a step's attention reads (prefill_tiles), or None for a decode-only step whose kernel
         takes none."""
-        if decode_only and not self.tiled_attention(decode_only):
+        if decode_only and not self.tiled_decode:
             return None
         return self.prefill_tiles(query_seq, positions)
 
@@ -282,7 +309,7 @@ class KernelPlan:
                           tiles=batch.prefill_tiles, warps=warps, keys_per_tile=keys)
         if self.simulator:
             return kernel("per_query.paged_attention_per_query", paged_attention_per_query)
-        if not batch.decode_only:
+        if not batch.decode_only or self.tiled_decode:
             return kernel("prefill_gqa.paged_attention_prefill_gqa", paged_attention_prefill_gqa,
                           tiles=batch.prefill_tiles)
         pairs = batch.query_seq.shape[0] * kv_heads

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from kernels_numba.common import cuda
+from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import take_rows
 
 from tinyvllm.engine.config import EngineConfig
@@ -82,11 +82,12 @@ class ModelRunner:
             raise TinyVLLMError("no GPU memory left for even one KV block: lower --block-size or free memory")
         kv_pool = KVPool(c, num_blocks, config.block_size, kv_cache_dtype)
         runner = cls(c, model.weights, kv_pool, model.inv_freq, precision=precision,
-                     batch_invariant=config.batch_invariant)
+                     batch_invariant=config.invariant_for(precision, SIMULATOR))
         runner.use_graphs(decode_graphs, prefill_graphs, config.max_num_seqs, config.max_num_batched_tokens,
                           math.ceil(max_model_len / config.block_size), config.pipeline_decode, log=log)
         log(f"KV pool: {num_blocks} blocks x {config.block_size} tokens, {kv_cache_dtype} "
-            f"({kv_pool.bytes / 2**20:.1f} MiB: {why}), max model len {max_model_len}, precision {precision}")
+            f"({kv_pool.bytes / 2**20:.1f} MiB: {why}), max model len {max_model_len}, precision {precision}, "
+            f"batch-invariant {'on' if runner.forward_pass.plan.batch_invariant else 'off'}")
         return runner
 
     def use_graphs(self, decode: bool, prefill: bool, max_num_seqs: int, max_num_batched_tokens: int,
