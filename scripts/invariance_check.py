@@ -150,9 +150,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-prompt-len", type=int, default=20, metavar="N",
                    help="shortest prompt (default: %(default)s; 1 when --max-prompt-len is below it)")
     p.add_argument("--max-prompt-len", type=int, default=400, metavar="N", help="longest prompt (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=48, metavar="N", help="greedy tokens per prompt")
-    p.add_argument("--precision", default="fp32,fast", help="comma-separated: fp32, fast (default: %(default)s)")
-    p.add_argument("--batch-invariant", default="on,off", help="comma-separated: on, off (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=48, metavar="N",
+                   help="greedy tokens per prompt (default: %(default)s)")
+    p.add_argument("--precision", default="fp32,fast", metavar="LIST",
+                   help="comma-separated: fp32, fast (default: %(default)s)")
+    p.add_argument("--batch-invariant", default="on,off", metavar="LIST",
+                   help="comma-separated: on, off (default: %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="N",
                    help="the engine's token budget per step (default: %(default)s)")
     p.add_argument("--prefix-caching", action="store_true", help="let the batched run reuse the alone runs' blocks")
@@ -185,6 +188,9 @@ def run(args) -> int:
             log(f"precision {precision}, batch invariance {'on' if invariant else 'off'}")
             pairs = measure(model, prompts, precision, invariant, args, log)
             combinations.append(summarize(precision, invariant, pairs, prompts))
+            c = combinations[-1]
+            log(f"  {c['identical_tokens']}/{c['prompts']} identical tokens, {c['identical_logprobs']}/"
+                f"{c['prompts']} bit-identical logprobs")
     settings = {k: getattr(args, k) for k in ("prompts", "seed", "min_prompt_len", "max_prompt_len", "max_tokens",
                                               "max_num_batched_tokens", "prefix_caching")}
     report = {"format": "tinyvllm-invariance-check/1", "model": str(model.model_dir), "device": device,
