@@ -5,8 +5,12 @@ import csv
 import io
 import json
 import math
+import os
 import shlex
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +25,8 @@ from tinyvllm.model.loader import load_model
 from tests.references import require
 
 pytestmark = pytest.mark.slow  # engine-level: every bench workload on the demo model
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # 3 requests of 4-8 prompt tokens and 2-3 new tokens: the simulator does about one engine step a second.
 TINY = ["--latency-prompt", "4", "--latency-new-tokens", "2", "--prefill-lens", "3,6", "--prefill-repeats", "1",
@@ -175,6 +181,8 @@ def test_ratios_are_tinyvllm_over_hf_on_the_same_point():
     (["--batching", "dynamic"], "unknown batching mode(s) ['dynamic']"),
     (["--min-len", "9", "--max-len", "3"], "--min-len 9 > --max-len 3"),
     (["--request-rate", "0"], "--request-rate must be > 0"),
+    (["--base-url", "http://127.0.0.1:1", "--workload", "serving", "--batch-invariant", "both"],
+     "--batch-invariant is the in-process engine's"),
 ])
 def test_bad_settings_get_one_clear_line(capsys, argv, message):
     code, out, err = run(capsys, *argv)
@@ -357,3 +365,45 @@ def test_reported_times_and_rates_follow_a_known_clock(monkeypatch):
     logits_bytes = V * H * 2 + (H + V) * 4
     assert rows["decode logits"]["gb_s"] == pytest.approx(logits_bytes / StepClock.SYNC_S / 1e9, rel=1e-9)
     engines.release()
+
+
+def test_batch_invariant_both_runs_each_workload_on_then_off_with_ratios_beside_hf(tmp_path):
+    """--batch-invariant both, the way a user runs it (a subprocess): every tinyvllm workload twice on the same
+    requests, each row saying what its engine's kernel plan was asked, on/off ratios in the JSON and the table,
+    each run against HF. The fast precision: in the simulator its plan is the one the flag changes
+    (docs/batch-invariance.md), so the kernels workload shows whether the flag reached the engine."""
+    require("transformers")
+    argv = ["--latency-prompt", "4", "--latency-new-tokens", "2", "--workload", "latency,kernels",
+            "--precision", "fast", "--batch-invariant", "both", "--compare", "hf", "--hf-device", "cpu",
+            "--no-warmup", "--no-plot", "--out", str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_ENABLE_CUDASIM="1")
+    done = subprocess.run([sys.executable, "-m", "tinyvllm.cli", "bench", *argv], capture_output=True, text=True,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    ours = [r for r in report["results"] if r["system"] == "tinyvllm"]
+    assert [(r["workload"], r["batch_invariant"]) for r in ours if r["workload"] == "latency"] == [
+        ("latency", True), ("latency", False)]
+    on, off = [r for r in ours if r["workload"] == "latency"]
+    assert on["prompt_tokens"] == off["prompt_tokens"] == 4 and on["output_tokens"] == off["output_tokens"] == 2
+    kernels = {flag: {r["variant"]: r["kernel"] for r in ours if r["workload"] == "kernels"
+                      and r["batch_invariant"] is flag} for flag in (True, False)}
+    assert kernels[True] and kernels[True].keys() == kernels[False].keys()
+    assert kernels[True] != kernels[False]      # the other plan ran: some decode stage took another kernel
+
+    ratios = {(c["workload"], c["variant"], c["metric"]): c for c in report["invariance_ratios"]}
+    for key in ("ttft_ms", "tpot_ms", "output_tok_s"):
+        c = ratios[("latency", on["variant"], key)]
+        assert (c["on"], c["off"]) == (on[key], off[key]) and c["ratio"] == pytest.approx(on[key] / off[key])
+    assert ("latency", on["variant"], "num_finished") not in ratios    # counts get no ratio
+    hf_tpot = {c["batch_invariant"]: c for c in report["comparisons"] if c["metric"] == "tpot_ms"}
+    assert set(hf_tpot) == {True, False} and hf_tpot[True]["hf"] == hf_tpot[False]["hf"]
+    assert hf_tpot[False]["tinyvllm"] == off["tpot_ms"]
+
+    table = done.stdout.splitlines()
+    header = next(line for line in table if line.startswith("workload"))
+    assert header.split()[-5:] == ["invariant", "tinyvllm", "on/off", "HF", "tinyvllm/HF"]
+    tpot = [line.split("TPOT (ms)")[1].split() for line in table if line.startswith("latency") and "TPOT" in line]
+    assert [cells[0] for cells in tpot] == ["on", "off"]
+    assert float(tpot[1][2]) == pytest.approx(on["tpot_ms"] / off["tpot_ms"], rel=1e-3)   # on/off, on the off line
+    assert float(tpot[0][3]) == float(tpot[1][3]) == pytest.approx(hf_tpot[True]["hf"], rel=1e-3)

@@ -20,6 +20,10 @@ KV pool and prefix cache, fresh metrics), cuda.synchronize() before every clock 
 stops at --max-seconds and reports how far it got. Output: OUT/bench.json, OUT/bench.csv, a table on stdout,
 progress on stderr, and OUT/bench.png when matplotlib is installed.
 
+--batch-invariant on|off|both sets the engine's EngineConfig.batch_invariant (docs/batch-invariance.md); both runs
+every tinyvllm workload twice, invariance on then off, on the same requests: each row records which (its engine's
+kernel plan), and invariance_ratios (JSON) / the table's on/off column give on / off per time and token rate.
+
 --compare hf runs latency, prefill and throughput through HF transformers (LlamaForCausalLM in bf16, sdpa, on
 the same GPU and weights; serving is not run: `generate` has no request-arrival API): greedy `generate` with
 min_new_tokens = max_new_tokens, throughput in static batches of --hf-batch-size with left padding, counting

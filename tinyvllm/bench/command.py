@@ -10,8 +10,8 @@ from tinyvllm.bench.config import BenchConfig, KERNEL_STEPS, SIMULATOR_COPY_BYTE
 from tinyvllm.bench.workloads import Workloads
 from tinyvllm.bench.engine_runs import EngineFactory, TINYVLLM_WORKLOADS, warm_up
 from tinyvllm.bench.hf_baseline import HFBaseline, HF_WORKLOADS, check_hf_available
-from tinyvllm.bench.report import (add_roofline, comparisons, copy_bandwidth, environment, format_report, merge_reports,
-                     report_notes, weight_bytes, write_outputs)
+from tinyvllm.bench.report import (add_roofline, comparisons, copy_bandwidth, environment, format_report,
+                                   invariance_ratios, merge_reports, on_off, report_notes, weight_bytes, write_outputs)
 from tinyvllm.model.fixtures.random_model import prepare_random_model
 
 
@@ -47,21 +47,28 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
         num_blocks=cfg.num_blocks, gpu_memory_fraction=cfg.gpu_memory_fraction, max_model_len=max_model_len,
         enable_prefix_caching=cfg.enable_prefix_caching, kv_cache_dtype=cfg.kv_cache_dtype,
-        precision=resolve_precision(cfg.precision, model.weights.embed_tokens.dtype))  # the report shows which ran
+        precision=resolve_precision(cfg.precision, model.weights.embed_tokens.dtype),  # the report shows which ran
+        batch_invariant=cfg.invariance_modes[0])
     workloads = Workloads.make(cfg, c.vocab_size, max_model_len)
     if SIMULATOR and not cfg.hf_only:
         _announce(c, engine_config, workloads, cfg)
     engines = EngineFactory(model, engine_config, log)
     if cfg.warmup and not cfg.hf_only:
-        warm_up(engines, log)
+        for invariant in cfg.invariance_modes:  # each plan compiles its own kernels
+            engines.set_batch_invariant(invariant)
+            warm_up(engines, log)
 
     copy_bytes = SIMULATOR_COPY_BYTES if SIMULATOR else cfg.copy_mib << 20
     copy = copy_bandwidth(copy_bytes)
     log(f"copy bandwidth: {copy['gb_per_s']:.1f} GB/s ({copy['bytes'] / 2**20:.0f} MiB device to device)")
     rows: list[dict] = []
     for name in cfg.workloads if not cfg.hf_only else ():
-        log(f"tinyvllm {name}")
-        rows += TINYVLLM_WORKLOADS[name](engines, workloads, cfg, log)
+        for invariant in cfg.invariance_modes:  # on, then off, back to back on the same requests
+            engines.set_batch_invariant(invariant)
+            log(f"tinyvllm {name}" + (f", batch invariance {on_off(invariant)}" if len(cfg.invariance_modes) > 1
+                                      else ""))
+            runs = TINYVLLM_WORKLOADS[name](engines, workloads, cfg, log)
+            rows += [dict(r, batch_invariant=engines.ran_batch_invariant()) for r in runs]
     engines.release()
     hf_version = None
     if cfg.compare == "hf":
@@ -88,6 +95,7 @@ def run_bench(cfg: BenchConfig, log=None) -> int:
         "copy_bandwidth": copy,
         "results": rows,
         "comparisons": comparisons(rows),
+        "invariance_ratios": invariance_ratios(rows),
         "notes": report_notes(rows, cfg),
         "wall_seconds": time.perf_counter() - t0,
     }
@@ -113,5 +121,5 @@ def _announce(model_config, engine_config, workloads: Workloads, cfg: BenchConfi
             "throughput": [seconds(workloads.throughput)] * len(cfg.batching),
             "serving": [seconds(workloads.serving)],
             "kernels": [seconds(workloads.latency[:1], KERNEL_STEPS)]}
-    selected = [t for name in cfg.workloads for t in runs[name]]
+    selected = [t for name in cfg.workloads for t in runs[name]] * len(cfg.invariance_modes)
     announce(sum(selected), f"{count(len(selected), 'bench run')} of at most --max-seconds {cfg.max_seconds:g} each")

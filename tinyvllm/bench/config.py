@@ -12,6 +12,7 @@ from tinyvllm.errors import TinyVLLMError
 WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
 BATCHING_MODES = ("continuous", "static")
 HTTP_WORKLOADS = ("serving", "throughput")   # what --base-url sends to a server
+INVARIANCE_CHOICES = {"on": (True,), "off": (False,), "both": (True, False)}  # --batch-invariant: the runs it makes
 PROMPT_FORMATS = ("ids", "text")
 PROMPT_ID_LIMIT = 10_000      # nano-vllm draws prompt ids from [0, 10000]
 PROGRESS_EVERY_S = 10.0
@@ -60,6 +61,7 @@ class BenchConfig:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"          # float32, bfloat16, or auto: bfloat16 with the fast precision
     precision: str = "auto"               # EngineConfig.precision: auto, fp32 or fast
+    batch_invariant: str = "on"           # EngineConfig.batch_invariant: on, off, or both (each workload twice)
     # a running server instead of an in-process engine (http_runs.py)
     base_url: str | None = None           # e.g. http://127.0.0.1:8000
     max_concurrency: int | None = None    # requests in flight at most (None: no limit)
@@ -77,6 +79,8 @@ class BenchConfig:
         check(self.batching and not unknown, f"unknown batching mode(s) {unknown}; choose from continuous, static")
         check(self.compare in (None, "hf"), f"--compare takes hf, got {self.compare!r}")
         check_precision(self.precision, "bench: --precision")
+        check(self.batch_invariant in INVARIANCE_CHOICES,
+              f"--batch-invariant takes on, off or both, got {self.batch_invariant!r}")
         check(not self.hf_only or self.compare == "hf", "--hf-only needs --compare hf")
         for name in ("latency_prompt", "latency_new_tokens", "prefill_repeats", "num_requests", "min_len",
                      "serving_requests", "hf_batch_size", "copy_mib", "max_num_seqs", "max_num_batched_tokens",
@@ -100,8 +104,15 @@ class BenchConfig:
         check(not others, f"--base-url sends the serving and throughput workloads to a server, not {others}: "
                           "add --workload serving (or throughput, or both)")
         check(self.compare is None, "--compare hf does not go with --base-url")
+        check(self.batch_invariant == "on", "--batch-invariant is the in-process engine's; a server takes "
+                                            "its own (tinyvllm serve --no-batch-invariant)")
         check(not (self.check_greedy and self.prompt_as == "text"),
               "--check-greedy needs --prompt-as ids (a decoded prompt may not encode back to the same ids)")
+
+    @property
+    def invariance_modes(self) -> tuple[bool, ...]:
+        """EngineConfig.batch_invariant of each run of a tinyvllm workload, in run order."""
+        return INVARIANCE_CHOICES[self.batch_invariant]
 
     @property
     def output_range(self) -> tuple[int, int]:
@@ -183,6 +194,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse KV blocks of shared prefixes")
     add_precision_arguments(e)  # defaults auto, as BenchConfig's
+    e.add_argument("--batch-invariant", choices=tuple(INVARIANCE_CHOICES), default=d.batch_invariant,
+                   help="the engine's batch invariance (docs/batch-invariance.md); both: every tinyvllm workload "
+                        "twice, on then off, on the same prompts, with on/off ratios (default: %(default)s)")
     h = p.add_argument_group("a running server (--base-url): the serving / throughput workloads over HTTP")
     h.add_argument("--base-url", metavar="URL",
                    help="an OpenAI-compatible server (tinyvllm serve, vLLM): send the workloads there as streamed "

@@ -104,6 +104,15 @@ class EngineFactory:
         self._log = lambda message: None
         return self.current
 
+    def set_batch_invariant(self, invariant: bool) -> None:
+        """The engines of the runs that follow: EngineConfig.batch_invariant = invariant."""
+        self.config = dataclasses.replace(self.config, batch_invariant=invariant)
+
+    def ran_batch_invariant(self) -> bool:
+        """Whether the latest engine's kernel plan was asked for batch invariance (what the run's rows record:
+        the engine's, not the flag's)."""
+        return self.current.runner.forward_pass.plan.batch_invariant
+
     def release(self):
         from kernels_numba.common import SIMULATOR, cuda
         self.current = None

@@ -75,7 +75,8 @@ CHART_METRICS = {"latency": ("output tok/s", "output_tok_s"), "prefill": ("TTFT 
 
 
 def comparisons(rows: list[dict]) -> list[dict]:
-    """tinyvllm / HF for each headline metric both measured on the same compare key."""
+    """tinyvllm / HF for each headline metric both measured on the same compare key (each tinyvllm row: with
+    --batch-invariant both, the invariant run and the other)."""
     hf = {(r["workload"], r["compare_key"]): r for r in rows if r["system"] == "hf"}
     out = []
     for r in rows:
@@ -84,27 +85,69 @@ def comparisons(rows: list[dict]) -> list[dict]:
             a, b = r.get(key), other.get(key)
             if a is not None and b is not None:
                 out.append({"workload": r["workload"], "variant": r["variant"], "hf_variant": other["variant"],
-                            "metric": key, "tinyvllm": a, "hf": b, "ratio": a / b if b else None})
+                            "batch_invariant": r.get("batch_invariant"), "metric": key, "tinyvllm": a, "hf": b,
+                            "ratio": a / b if b else None})
+    return out
+
+
+def on_off(invariant: bool | None) -> str:
+    return "-" if invariant is None else "on" if invariant else "off"
+
+
+def is_time_or_rate(key: str) -> bool:
+    """The headline metrics an on/off ratio is reported for: times (ms) and token rates."""
+    return key == "ms" or key.endswith(("_ms", "tok_s"))
+
+
+def invariance_partners(rows: list[dict]) -> dict[int, dict]:
+    """id(invariant tinyvllm row) -> the row of the same workload and variant run without batch invariance."""
+    off = {(r["workload"], r["variant"]): r for r in rows
+           if r["system"] == "tinyvllm" and r.get("batch_invariant") is False}
+    return {id(r): off[(r["workload"], r["variant"])] for r in rows
+            if r["system"] == "tinyvllm" and r.get("batch_invariant") and (r["workload"], r["variant"]) in off}
+
+
+def invariance_ratios(rows: list[dict]) -> list[dict]:
+    """Batch invariance on / off for each timed headline metric of a workload run both ways
+    (--batch-invariant both): a time above 1, or a rate below 1, is what invariance costs."""
+    partners, out = invariance_partners(rows), []
+    for r in rows:
+        other = partners.get(id(r))
+        for label, key in HEADLINES[r["workload"]] if other else []:
+            a, b = r.get(key), other.get(key)
+            if is_time_or_rate(key) and a is not None and b is not None:
+                out.append({"workload": r["workload"], "variant": r["variant"], "metric": key, "on": a, "off": b,
+                            "ratio": a / b if b else None})
     return out
 
 
 def format_report(report: dict) -> str:
-    rows, ratios = report["results"], {(c["workload"], c["variant"], c["metric"]): c for c in report["comparisons"]}
+    rows = report["results"]
+    ratios = {(c["workload"], c["variant"], c.get("batch_invariant"), c["metric"]): c for c in report["comparisons"]}
     hf_on = any(r["system"] == "hf" for r in rows)
+    partners = invariance_partners(rows)
+    both = bool(partners)   # the invariance column, and on/off ratios on each "off" line
+    on_off_ratios = {(c["workload"], c["variant"], c["metric"]): c["ratio"] for c in invariance_ratios(rows)}
     m, copy = report["model"], report.get("copy_bandwidth")
     lines = [f"tinyvllm bench: {m['dir']} ({m['layers']} layers, hidden {m['hidden_size']}, "
              f"{m['weight_bytes'] / 1e9:.4g} GB of weights) on {report['environment']['device']}"]
     if copy:
         lines.append(f"copy bandwidth {copy['gb_per_s']:.1f} GB/s -> batch-1 decode roofline "
                      f"{copy['gb_per_s'] * 1e9 / m['weight_bytes']:.1f} tok/s")
-    header = f"{'workload':<11}{'variant':<22}{'metric':<24}{'tinyvllm':>12}"
+    modes = {r["batch_invariant"] for r in rows if r["system"] == "tinyvllm" and "batch_invariant" in r}
+    if len(modes) == 1:
+        lines.append(f"batch invariance {on_off(modes.pop())}")
+    header = f"{'workload':<11}{'variant':<22}{'metric':<24}"
+    header += f"{'invariant':>10}{'tinyvllm':>12}{'on/off':>9}" if both else f"{'tinyvllm':>12}"
     header += f"{'HF':>12}{'tinyvllm/HF':>13}" if hf_on else ""
     if any(r["system"] != "http" for r in rows):
         lines += [header, "-" * len(header)]
-    cell = lambda v: f"{'-':>12}" if v is None else f"{v:>12.4g}" if isinstance(v, float) else f"{v:>12}"
+    cell = lambda v, width=12: f"{'-':>{width}}" if v is None else (f"{v:>{width}.4g}" if isinstance(v, float)
+                                                                     else f"{v:>{width}}")
     hf_only = hf_on and not any(r["system"] == "tinyvllm" for r in rows)  # --hf-only: its rows in the HF column
+    paired_off = {id(r) for r in partners.values()}   # printed beside their invariant run
     for r in rows:
-        if r["system"] == "http" or (r["system"] != "tinyvllm" and not hf_only):
+        if r["system"] == "http" or (r["system"] != "tinyvllm" and not hf_only) or id(r) in paired_off:
             continue
         variant = r["variant"] + (" *" if r.get("stopped_early") else "")
         if hf_only:
@@ -112,11 +155,18 @@ def format_report(report: dict) -> str:
                       for label, key in HEADLINES[r["workload"]]]
             continue
         for label, key in HEADLINES[r["workload"]]:
-            line = f"{r['workload']:<11}{variant:<22}{label:<24}{cell(r.get(key))}"
-            if hf_on:
-                c = ratios.get((r["workload"], r["variant"], key))
-                line += cell(c and c["hf"]) + (f"{c['ratio']:>13.3g}" if c and c["ratio"] else f"{'-':>13}")
-            lines.append(line)
+            for run in [r, partners[id(r)]] if id(r) in partners else [r]:
+                run_variant = run["variant"] + (" *" if run.get("stopped_early") else "")
+                line = f"{r['workload']:<11}{run_variant:<22}{label:<24}"
+                if both:
+                    ratio = on_off_ratios.get((r["workload"], r["variant"], key)) if run is not r else None
+                    line += f"{on_off(run.get('batch_invariant')):>10}{cell(run.get(key))}{cell(ratio, 9)}"
+                else:
+                    line += cell(run.get(key))
+                if hf_on:
+                    c = ratios.get((r["workload"], r["variant"], run.get("batch_invariant"), key))
+                    line += cell(c and c["hf"]) + (f"{c['ratio']:>13.3g}" if c and c["ratio"] else f"{'-':>13}")
+                lines.append(line)
     for r in rows:
         if r["system"] == "http":
             lines += format_http_result(r)
@@ -203,7 +253,9 @@ def draw_chart(report: dict, path: Path, log) -> Path | None:
         rows = [r for r in report["results"] if r["workload"] == workload and r.get(key) is not None]
         ax.bar(range(len(rows)), [r[key] for r in rows],
                color=["tab:blue" if r["system"] == "tinyvllm" else "tab:orange" for r in rows])
-        ax.set_xticks(range(len(rows)), [f"{r['variant']}\n{r['system']}" for r in rows], fontsize=7)
+        ax.set_xticks(range(len(rows)), [f"{r['variant']}\n{r['system']}"
+                                         + ("" if r.get("batch_invariant") is not False else " (not inv.)")
+                                         for r in rows], fontsize=7)
         ax.set_title(f"{workload}: {label}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -239,6 +291,7 @@ def merge_reports(paths: list[Path], out_dir: Path, plot: bool = True, log=None)
         raise TinyVLLMError(f"cannot read a report to merge: {e}") from e
     rows = [r for report in reports for r in report["results"]]
     merged = dict(reports[0], results=rows, comparisons=comparisons(rows),
+                  invariance_ratios=invariance_ratios(rows),
                   notes=list(dict.fromkeys(n for report in reports for n in report["notes"])),
                   merged_from=[{"path": str(p), "command": r["command"], "environment": r["environment"],
                                 "copy_bandwidth": r.get("copy_bandwidth")} for p, r in zip(paths, reports)])
