@@ -12,7 +12,8 @@ from tinyvllm.errors import TinyVLLMError
 WORKLOADS = ("latency", "prefill", "throughput", "serving", "kernels")
 BATCHING_MODES = ("continuous", "static")
 HTTP_WORKLOADS = ("serving", "throughput")   # what --base-url sends to a server
-INVARIANCE_CHOICES = {"on": (True,), "off": (False,), "both": (True, False)}  # --batch-invariant: the runs it makes
+# --batch-invariant: the runs it makes (EngineConfig.batch_invariant; auto: its default, off only for fast on a GPU)
+INVARIANCE_CHOICES = {"auto": (None,), "on": (True,), "off": (False,), "both": (True, False)}
 PROMPT_FORMATS = ("ids", "text")
 PROMPT_ID_LIMIT = 10_000      # nano-vllm draws prompt ids from [0, 10000]
 PROGRESS_EVERY_S = 10.0
@@ -61,7 +62,7 @@ class BenchConfig:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"          # float32, bfloat16, or auto: bfloat16 with the fast precision
     precision: str = "auto"               # EngineConfig.precision: auto, fp32 or fast
-    batch_invariant: str = "on"           # EngineConfig.batch_invariant: on, off, or both (each workload twice)
+    batch_invariant: str = "auto"         # EngineConfig.batch_invariant: auto, on, off, or both (each workload twice)
     # a running server instead of an in-process engine (http_runs.py)
     base_url: str | None = None           # e.g. http://127.0.0.1:8000
     max_concurrency: int | None = None    # requests in flight at most (None: no limit)
@@ -80,7 +81,7 @@ class BenchConfig:
         check(self.compare in (None, "hf"), f"--compare takes hf, got {self.compare!r}")
         check_precision(self.precision, "bench: --precision")
         check(self.batch_invariant in INVARIANCE_CHOICES,
-              f"--batch-invariant takes on, off or both, got {self.batch_invariant!r}")
+              f"--batch-invariant takes auto, on, off or both, got {self.batch_invariant!r}")
         check(not self.hf_only or self.compare == "hf", "--hf-only needs --compare hf")
         for name in ("latency_prompt", "latency_new_tokens", "prefill_repeats", "num_requests", "min_len",
                      "serving_requests", "hf_batch_size", "copy_mib", "max_num_seqs", "max_num_batched_tokens",
@@ -104,8 +105,8 @@ class BenchConfig:
         check(not others, f"--base-url sends the serving and throughput workloads to a server, not {others}: "
                           "add --workload serving (or throughput, or both)")
         check(self.compare is None, "--compare hf does not go with --base-url")
-        check(self.batch_invariant == "on", "--batch-invariant is the in-process engine's; a server takes "
-                                            "its own (tinyvllm serve --no-batch-invariant)")
+        check(self.batch_invariant == "auto", "--batch-invariant is the in-process engine's; a server takes "
+                                            "its own (tinyvllm serve --batch-invariant)")
         check(not (self.check_greedy and self.prompt_as == "text"),
               "--check-greedy needs --prompt-as ids (a decoded prompt may not encode back to the same ids)")
 
