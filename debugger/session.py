@@ -15,7 +15,8 @@ precision in lockstep and each StageRecord carries its difference; the stepped e
 
 `session.edit("row 0 = x * 0")` sets part of the current stage's output (value_edit.py) before the next stage
 reads it: the stage's record shows the edited values, its step's StepRecord and the timeline list the edit, and a
-feed that records (serve --debug) writes it into the recording, whose replay applies it again (ReplayFeed).
+recording (`record_to`, debug --record; or serve --debug's feed) keeps it, for debug --replay to apply it again
+(ReplayFeed).
 
 Latencies shown (TTFT, ITL) are in engine time: only the time spent inside the session's stepping counts,
 not the time the debugger sat paused between commands (the engine's own metrics count wall time); with a
@@ -384,6 +385,7 @@ class Session:
         self._lock = threading.RLock()
         self.breakpoints: list[Breakpoint] = []   # standing ones: continue_to_end and serve stop at any of them
         self.feed = None    # a source of requests stepped in by the session (serving: serve_debug.SteppedEngineLoop)
+        self.recorder = None   # a serving.recording.Recorder of this session's own requests (record_to)
         self._closed = False
         self._start(engine)
 
@@ -393,6 +395,8 @@ class Session:
         with self._lock:
             if self.feed is not None:
                 raise ValueError("reset is off while the engine serves requests (it would drop its clients)")
+            if self.recorder is not None:
+                raise ValueError("reset is off while recording (a recording follows one engine from its start)")
             self._start(LLMEngine(self._model, self._engine_config, log=lambda message: None))
 
     def _start(self, engine: LLMEngine) -> None:
@@ -429,12 +433,33 @@ class Session:
             if self.shadow is not None:
                 self.shadow.add_request(prompt, params or self.options.params, request_id)
             self.request_ids.append(request_id)
+            if self.recorder is not None:
+                self._record_request(request_id)
             ids = self.engine.request(request_id).prompt_token_ids
             for p, golden in enumerate(self.goldens.prompts if self.goldens else []):
                 if golden["input_ids"].tolist() == ids:
                     self.golden_prompt_of[request_id] = p
                     break
             return request_id
+
+    def record_to(self, path, model: str | None = None) -> None:
+        """Record this session as a serving recording (debug --record FILE): its requests, their answers and its
+        value edits, for debug --replay FILE to step again. From the start: the initial prompts are its first
+        requests."""
+        from tinyvllm.serving.recording import Recorder
+        with self._lock:
+            assert self.step_index == 0 and not self.in_step and self.feed is None, "record from the start"
+            self.recorder = Recorder.open(path, self.engine, model=model)
+            for request_id in self.request_ids:
+                self._record_request(request_id)
+
+    def _record_request(self, request_id: str) -> None:
+        """As the serving loop records: a request the engine queued, or one it refused as it was added."""
+        error = self.engine.request(request_id).error
+        if error:
+            self.recorder.refused(self.engine, request_id, error)
+        else:
+            self.recorder.request(self.engine, request_id)
 
     def rejection(self, request_id: str) -> str | None:
         """Why the engine refused a request as it was added (unknown token ids, too long, ...), else None:
@@ -448,6 +473,8 @@ class Session:
         with self._lock:
             self._closed = True
             self._stages = None
+            if self.recorder is not None:
+                self.recorder.close()
             if self.feed is not None and hasattr(self.feed, "close"):
                 self.feed.close()
 
@@ -635,6 +662,8 @@ class Session:
             self._apply_edit(edit)
             if self.feed is not None:
                 self.feed.record_edit(self, edit)
+            if self.recorder is not None:
+                self.recorder.edit(self.engine, edit.stage, edit.select, edit.expr)
             return edit
 
     def _apply_edit(self, edit: ValueEdit) -> None:
@@ -701,6 +730,9 @@ class Session:
                             {o.request_id: decode(list(o.new_token_ids)) for o in outputs},
                             tuple(self._step_edits))
         self.timeline.append(TimelineEntry(self.step_index, "step done", record.describe(), record.seconds))
+        for out in outputs if self.recorder is not None else ():
+            if out.finished:
+                self.recorder.finished(self.engine, out)
         self.step_index += 1
         if self.feed is not None:
             self.feed.after_step(self, outputs)

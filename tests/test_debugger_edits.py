@@ -176,3 +176,53 @@ def test_a_recorded_edit_is_replayed_and_gives_the_edited_tokens(model, unedited
     headless = replay(recording, LLMEngine(model, EngineConfig(num_blocks=32, block_size=4), log=lambda m: None))
     assert headless.diverged and headless.results[0].replayed == unedited   # the engine alone cannot apply it
     assert "1 value edit(s) recorded in the debugger are not applied here" in format_report(headless)
+
+
+def test_debug_record_keeps_the_requests_answers_and_edits_and_debug_replay_steps_them_again(model, unedited,
+                                                                                              tmp_path):
+    from tinyvllm.serving.recording import read_recording
+    path = tmp_path / "debug.jsonl"
+    session = new_session(model)
+    session.record_to(path)                   # as debug --record FILE does, before the first step
+    run_to(session, "logits")
+    session.step_stage()
+    run_to(session, "logits")                 # step 1
+    session.edit(f"row 0 channel {FORCED} = x + 100")
+    with pytest.raises(ValueError, match="reset is off while recording"):
+        session.reset()
+    session.continue_to_end()
+    session.close()
+    edited = tokens(session)
+    assert edited == [unedited[0], FORCED, edited[2]]
+    recording = read_recording(path)
+    [request] = recording.requests
+    assert (request.step, request.prompt_token_ids, request.token_ids) == (0, PROMPT, edited)
+    assert [(e.step, e.stage, e.select) for e in recording.edits] == [(1, "logits", f"row 0 channel {FORCED}")]
+
+    replayed, feed = replay_session(str(path))
+    replayed.continue_to_end()
+    assert tokens(replayed) == edited and not feed.diverged
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"type": "edit", "step": -1, "stage": "logits", "select": "all", "expr": "x"}, "field 'step' must be >= 0, got -1"),
+    ({"type": "edit", "step": 0, "select": "all", "expr": "x"}, "field 'stage' must be str, got None"),
+    ({"type": "edit", "step": 0, "stage": "logits", "select": "all", "expr": 3}, "field 'expr' must be str, got 3"),
+])
+def test_a_bad_edit_line_names_its_file_line_and_field(tmp_path, line, message):
+    import json
+    from tinyvllm.serving.recording import BadRecording, read_recording
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"type": "header", "format": "tinyvllm-recording", "version": 1}) + "\n"
+                    + json.dumps(line) + "\n")
+    with pytest.raises(BadRecording) as caught:
+        read_recording(path)
+    assert str(caught.value) == f"{path}:2: {message}"
+
+
+def test_debug_record_does_not_combine_with_replay_or_the_tour(tmp_path, capsys):
+    from tinyvllm.cli import main
+    for extra, other in ((["--replay", str(tmp_path / "x.jsonl")], "--replay"), (["--tour"], "--tour")):
+        assert main(["debug", "--record", str(tmp_path / "r.jsonl"), *extra]) == 1
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: --record records the debugger's own requests; it does not combine with {other}"]
