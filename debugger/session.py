@@ -674,7 +674,11 @@ class Session:
         values = edit.apply(self.current.values, self.engine.model.config.head_dim)
         assert stage.output.is_c_contiguous() and stage.output.shape == values.shape, stage.name
         stage.output.copy_to_device(values)
-        self.current = dataclasses.replace(self.current, values=values, stats=TensorStats.of(values),
+        golden = tuple(self._compare(stage))   # the golden panel describes the values as they now are
+        self.golden_rows = [g for g in self.golden_rows if g.stage != stage.name] + list(golden)
+        if self.first_failure is None:
+            self.first_failure = next((g for g in golden if g.status == "fail"), None)
+        self.current = dataclasses.replace(self.current, values=values, stats=TensorStats.of(values), golden=golden,
                                            edits=self.current.edits + (edit,))
         self.edits.append(edit)
         self._step_edits.append(edit)

@@ -84,6 +84,18 @@ def test_an_edit_reaches_the_next_kernel(model):
     assert residual.tobytes() == embedding.tobytes()
 
 
+def test_the_golden_panel_compares_the_edited_values(model):
+    from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
+    engine = LLMEngine(model, EngineConfig(num_blocks=32, block_size=4), log=lambda m: None)
+    session = Session(engine, Goldens.load(DEFAULT_GOLDENS))          # the first golden prompt
+    assert [g.status for g in run_to(session, "embedding").golden] == ["pass"]
+    session.edit("row 0 channel 0 = x + 1")
+    assert [g.status for g in session.current.golden] == ["fail"]
+    golden = session.view().golden
+    assert [(g.stage, g.status) for g in golden.rows] == [("embedding", "fail")]
+    assert golden.first_failure.stage == "embedding"
+
+
 def test_an_edit_of_q_changes_the_tokens(model, unedited):
     session = new_session(model)
     run_to(session, "layers.0.q")
@@ -226,3 +238,15 @@ def test_debug_record_does_not_combine_with_replay_or_the_tour(tmp_path, capsys)
         assert main(["debug", "--record", str(tmp_path / "r.jsonl"), *extra]) == 1
         assert capsys.readouterr().err.strip().splitlines() == [
             f"error: --record records the debugger's own requests; it does not combine with {other}"]
+
+
+def test_debug_record_from_the_command_line_records_the_initial_prompt(tmp_path):
+    from tinyvllm.cli import parse_args
+    from tinyvllm.serving.recording import read_recording
+    from debugger.cli import debug_app
+    path = tmp_path / "r.jsonl"
+    app = debug_app(parse_args(["debug", "--record", str(path), "--prompt", "The sun", "--max-tokens", "2"]))
+    app.session.close()
+    [request] = read_recording(path).requests
+    prompt = app.session.engine.tokenizer.encode("The sun")
+    assert (request.step, request.prompt_token_ids, request.params["max_tokens"]) == (0, prompt, 2)
