@@ -87,6 +87,8 @@ def check_expression(expr: str) -> ast.Expression:
             raise EditError(f"constant {node.value!r} is not a number")
         if isinstance(node, ast.Call) and not isinstance(node.func, ast.Attribute):
             raise EditError("only np functions and array methods can be called (np.flip(x), x.mean())")
+        if isinstance(node, ast.BinOp) and any(isinstance(n, (ast.Tuple, ast.List)) for n in (node.left, node.right)):
+            raise EditError("a tuple or list cannot take part in arithmetic ((0,) * 10 ** 9 would fill the memory)")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
             exponent = _constant(node.right)
             if exponent is None or abs(exponent) > MAX_POWER:

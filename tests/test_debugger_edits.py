@@ -1,7 +1,6 @@
 """Value edits in the debugger on the demo model (fp32 unless said): an edit reaches the stages after it and the
 tokens, the stages where it could not are refused with the reason, the `e` key's box applies one and the screen
 lists it, and a recording keeps it so that debug --replay reproduces the edited tokens."""
-import asyncio
 
 import numpy as np
 import pytest

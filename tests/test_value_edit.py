@@ -79,6 +79,7 @@ def test_a_3d_stage_output_is_edited_through_its_rows_view():
     ("logits", "row 0 = (lambda: 1)()", "Lambda is not allowed"),
     ("logits", "row 0 = [y for y in x]", "ListComp is not allowed"),
     ("logits", "row 0 = x ** 9 ** 9", "exponent"),
+    ("logits", "row 0 = x + (0,) * 12", "a tuple or list cannot take part in arithmetic"),
     ("logits", "row 0 = x +", "cannot read expression"),
     ("logits", "row 0 = x / 0", "not finite"),
     ("logits", "row 0 = x * 1e39", "not finite"),
