@@ -329,6 +329,7 @@ class ReplayFeed(Feed):
         self.engine = engine
         self.first_step = engine.num_steps
         self.started = time.perf_counter()
+        self.edits_applied = 0    # of the recording's value edits
 
     @property
     def done(self) -> bool:
@@ -345,8 +346,10 @@ class ReplayFeed(Feed):
         """The recorded edits of this stage in this step (recorded step = engine.num_steps + the queue's offset)."""
         from debugger.value_edit import ValueEdit
         step = self.engine.num_steps + self.queue.offset
-        return [ValueEdit(session.engine.num_steps, e.stage, e.select, e.expr)
-                for e in self.queue.recording.edits if e.step == step and e.stage == stage]
+        due = [ValueEdit(session.engine.num_steps, e.stage, e.select, e.expr)
+               for e in self.queue.recording.edits if e.step == step and e.stage == stage]
+        self.edits_applied += len(due)
+        return due
 
     def after_step(self, session, outputs) -> None:
         self.queue.on_outputs(session.engine, outputs)
@@ -397,7 +400,10 @@ class ReplayFeed(Feed):
         """Each finished request against its recorded answer; before the end, only those, and says so."""
         from tinyvllm.serving.replay import format_report
         if self.done:
-            return format_report(self._report())
+            missed = len(self.queue.recording.edits) - self.edits_applied
+            return format_report(self._report()) + (
+                f"\n{missed} recorded value edit(s) never applied: their step and stage did not run in the replay"
+                if missed else "")
         report = self._report(finished_only=True)
         compared = sum(r.recorded is not None for r in report.results)
         headline = (f"{len(report.results)} of {self.num_requests} requests finished so far: "

@@ -213,6 +213,14 @@ def test_debug_record_keeps_the_requests_answers_and_edits_and_debug_replay_step
     replayed, feed = replay_session(str(path))
     replayed.continue_to_end()
     assert tokens(replayed) == edited and not feed.diverged
+    assert "never applied" not in feed.report()
+
+    with open(path, "a") as f:                # an edit of a step the run never reaches is reported, not lost
+        f.write('{"type": "edit", "t": 1.0, "step": 99, "stage": "logits", "select": "all", "expr": "x"}\n')
+    replayed, feed = replay_session(str(path))
+    replayed.continue_to_end()
+    assert feed.report().splitlines()[-1] == ("1 recorded value edit(s) never applied: their step and stage did not "
+                                              "run in the replay")
 
 
 @pytest.mark.parametrize("line, message", [
