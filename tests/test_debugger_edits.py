@@ -115,6 +115,20 @@ def test_an_edit_that_would_not_reach_the_next_stages_is_refused_with_why(model,
     assert session.current.values is before and session.edits == []
 
 
+def test_the_fused_gemv_layer_refuses_what_its_kernels_consumed_and_takes_the_residual(model):
+    """The GPU's decode layer (forced here): o_proj's sum is already in the residual, but a residual edit reaches
+    post_norm's gemv_fused, whose normed output of zeros is zeros."""
+    session = new_session(model)
+    session.engine.runner.forward_pass.fuse_norms = True
+    run_to(session, "layers.0.o_proj")
+    with pytest.raises(EditError, match="gemv_fused has added it into the residual"):
+        session.edit("all = x * 0")
+    run_to(session, "layers.0.attn_residual")
+    session.edit("all = x * 0")
+    normed = run_to(session, "layers.0.post_norm").values
+    assert normed.shape == (len(PROMPT), model.config.hidden_size) and not normed.any()
+
+
 def test_fast_refuses_a_norm_whose_bf16_copy_the_projections_read(model):
     session = new_session(model, precision="fast")
     run_to(session, "layers.0.input_norm")
