@@ -38,10 +38,7 @@ def debug_app(args):
         from debugger.tour import Tour
         from tinyvllm.course import load_lessons
         tour = Tour(load_lessons())
-    session = trace.session_from_args(args, build_engine(args))
-    if getattr(args, "record", None):
-        session.record_to(args.record, args.model)
-    return DebuggerApp(session, tour)
+    return DebuggerApp(trace.session_from_args(args, build_engine(args)), tour)
 
 
 def run(args) -> int:
@@ -51,6 +48,8 @@ def run(args) -> int:
     if args.replay:
         return _run_replay(args)
     app = debug_app(args)
+    if args.record:
+        app.session.record_to(args.record, args.model)
     app.run()
     app.session.close()
     if args.record:

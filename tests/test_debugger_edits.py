@@ -261,13 +261,16 @@ def test_debug_record_does_not_combine_with_replay_or_the_tour(tmp_path, capsys)
             f"error: --record records the debugger's own requests; it does not combine with {other}"]
 
 
-def test_debug_record_from_the_command_line_records_the_initial_prompt(tmp_path):
+def test_debug_record_from_the_command_line_records_the_initial_prompt(tmp_path, monkeypatch, capsys):
+    from debugger import cli
     from tinyvllm.cli import parse_args
     from tinyvllm.serving.recording import read_recording
-    from debugger.cli import debug_app
+    apps = []
+    monkeypatch.setattr(DebuggerApp, "run", lambda app: apps.append(app))     # quit at once
     path = tmp_path / "r.jsonl"
-    app = debug_app(parse_args(["debug", "--record", str(path), "--prompt", "The sun", "--max-tokens", "2"]))
-    app.session.close()
+    assert cli.run(parse_args(["debug", "--record", str(path), "--prompt", "The sun", "--max-tokens", "2"])) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (f"tinyvllm debug: recorded to {path} "
+                                                        f"(tinyvllm debug --replay {path})")
     [request] = read_recording(path).requests
-    prompt = app.session.engine.tokenizer.encode("The sun")
+    prompt = apps[0].session.engine.tokenizer.encode("The sun")
     assert (request.step, request.prompt_token_ids, request.params["max_tokens"]) == (0, prompt, 2)
