@@ -97,6 +97,7 @@ class DebuggerApp(App):
         Binding("b", "ask('breakpoint')", "break"),
         Binding("B", "ask('standing')", "bkpts", show=False),
         Binding("a", "ask('request')", "add"),
+        Binding("e", "edit_value", "edit", show=False),   # in the help: the footer is full at 100 columns
         Binding("r", "reset", "reset"),
         Binding("x", "cancel", "cancel"),
         Binding("w", "record", "rec"),
@@ -258,6 +259,11 @@ class DebuggerApp(App):
 
     def action_row(self, delta: int) -> None:
         self.query_one(TensorInspector).select_row(delta)
+
+    def action_edit_value(self) -> None:
+        """e: set part of the current stage's output before the next stage reads it (widgets/edit_screen.py)."""
+        from debugger.widgets.edit_screen import open_edit
+        open_edit(self)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -3,6 +3,8 @@ recorded serving session (--replay FILE, debugger/serve_debug.py). `tinyvllm ser
 serve_debug.run. Parsing the command line imports no engine and no Textual."""
 from __future__ import annotations
 
+import sys
+
 from debugger import trace
 from tinyvllm.engine.args import add_engine_arguments, build_engine
 from tinyvllm.errors import TinyVLLMError
@@ -15,6 +17,9 @@ def add_arguments(p) -> None:
                    help="step a recorded serving session (tinyvllm serve --record FILE): its requests enter at "
                         "their recorded steps, on the recorded model and engine configuration; at the end, each "
                         "request's tokens against the recorded answer (exit 1 when one diverged)")
+    p.add_argument("--record", metavar="FILE",
+                   help="record this session (its requests, their answers, the value edits made with e) as "
+                        "serve --record does, for tinyvllm debug --replay FILE to step again")
     p.add_argument("--compare-precision", action="store_true",
                    help="also step an engine of the other precision (fp32 <-> fast) on the same requests, in "
                         "lockstep: the golden diff panel shows each stage's max |main - other| and max rel, until "
@@ -37,10 +42,18 @@ def debug_app(args):
 
 
 def run(args) -> int:
+    if args.record and (args.replay or args.tour):
+        raise TinyVLLMError(f"--record records the debugger's own requests; it does not combine with "
+                            f"{'--replay' if args.replay else '--tour'}")
     if args.replay:
         return _run_replay(args)
     app = debug_app(args)
+    if args.record:
+        app.session.record_to(args.record, args.model)
     app.run()
+    app.session.close()
+    if args.record:
+        print(f"tinyvllm debug: recorded to {args.record} (tinyvllm debug --replay {args.record})", file=sys.stderr)
     if app.failure is not None:  # the app exited on an unhandled exception: main() gives it one line
         raise app.failure
     return app.return_code or 0

@@ -1,9 +1,11 @@
 """Make docs/debugger.svg: the demo model with its goldens, stepped through its first layer (press `l`);
 with --serve, docs/serve-debug.svg: `tinyvllm serve --debug` with two streaming HTTP clients, recording,
 after one decode step (`d`); with --tour, docs/course-tour.svg: `tinyvllm debug --tour` walked (`n`) to the
-RMSNorm chapter (--chapter paged-attention --out docs/course-tour-paged.svg: to chapter 20's block tables).
+RMSNorm chapter (--chapter paged-attention --out docs/course-tour-paged.svg: to chapter 20's block tables); with
+--edit, docs/debugger-edit.svg: a value edit (`e`) of the sampling row's logits at step 0, then the step finished.
 
-    python -m debugger.screenshot [--serve | --tour [--chapter SLUG]] [--out FILE]   (in the simulator unless told)
+    python -m debugger.screenshot [--serve | --tour [--chapter SLUG] | --edit] [--out FILE]   (in the simulator
+    unless told)
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ DEFAULT_OUT = DOCS / "debugger.svg"
 SERVE_OUT = DOCS / "serve-debug.svg"
 TOUR_OUT = DOCS / "course-tour.svg"
 TOUR_CHAPTER = "rmsnorm"
+EDIT_OUT = DOCS / "debugger-edit.svg"
+EDIT = "row -1 channel 42 = x + 100"   # the sampling row (the last prompt position): token 42 becomes its argmax
 
 
 async def take(out: Path, size=(160, 48)) -> None:
@@ -30,6 +34,24 @@ async def take(out: Path, size=(160, 48)) -> None:
     async with app.run_test(size=size) as pilot:
         await pilot.press("l")
         await app.workers.wait_for_complete()
+        await pilot.pause()
+        app.save_screenshot(filename=out.name, path=str(out.parent))
+
+
+async def take_edit(out: Path, size=(160, 48)) -> None:
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
+
+    from debugger.app import DebuggerApp
+    from debugger.session import Session
+    engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda message: None)
+    app = DebuggerApp(Session(engine, Goldens.load(DEFAULT_GOLDENS)))
+    async with app.run_test(size=size) as pilot:
+        for keys in (["b", *"stage logits", "enter"], ["e", *EDIT, "enter"], ["s"]):
+            await pilot.press(*keys)
+            await app.workers.wait_for_complete()
+            while app.busy:
+                await pilot.pause(0.05)
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
@@ -115,14 +137,16 @@ def main() -> None:
     shot = parser.add_mutually_exclusive_group()
     shot.add_argument("--serve", action="store_true", help="serve --debug with two HTTP clients instead")
     shot.add_argument("--tour", action="store_true", help=f"the course's tour at its {TOUR_CHAPTER} chapter instead")
+    shot.add_argument("--edit", action="store_true", help="a value edit of the logits, and the step it changed")
     parser.add_argument("--chapter", default=TOUR_CHAPTER, metavar="SLUG",
                         help="with --tour, the chapter to stop at (its file name without the number, e.g. "
                              "paged-attention)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-    out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else DEFAULT_OUT)
-    asyncio.run(take_serving(out) if args.serve else take_tour(out, args.chapter) if args.tour else take(out))
+    out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else EDIT_OUT if args.edit else DEFAULT_OUT)
+    asyncio.run(take_serving(out) if args.serve else take_tour(out, args.chapter) if args.tour
+                else take_edit(out) if args.edit else take(out))
     print(f"wrote {out}")
 
 

@@ -135,6 +135,13 @@ class Feed:
     def report(self) -> str | None:
         return None
 
+    def record_edit(self, session, edit) -> None:
+        """The session made a value edit (value_edit.ValueEdit) in the stage it stands at."""
+
+    def edits_due(self, session, stage: str) -> list:
+        """Value edits to apply to `stage`'s output, which the session has just recorded (a replay's)."""
+        return []
+
 
 class SteppedEngineLoop(EngineLoop, Feed):
     """An EngineLoop that a debugger Session steps (no thread of its own); see the module docstring."""
@@ -285,6 +292,10 @@ class SteppedEngineLoop(EngineLoop, Feed):
             parts.append(f"recording {self.recording_path}")
         return " · ".join(parts)
 
+    def record_edit(self, session, edit) -> None:
+        if self.recorder is not None:
+            self.recorder.edit(self.engine, edit.stage, edit.select, edit.expr)
+
     def toggle_recording(self, path: str | Path | None = None) -> str:
         """Start recording to `path` (default: the first free tinyvllm-session[-N].jsonl here), or stop."""
         from tinyvllm.serving.recording import Recorder
@@ -318,6 +329,7 @@ class ReplayFeed(Feed):
         self.engine = engine
         self.first_step = engine.num_steps
         self.started = time.perf_counter()
+        self.edits_applied = 0    # of the recording's value edits
 
     @property
     def done(self) -> bool:
@@ -329,6 +341,15 @@ class ReplayFeed(Feed):
 
     def admit(self, session, adds: bool = True) -> list[str]:
         return self.queue.admit(session.engine, session.add_request) if adds else []
+
+    def edits_due(self, session, stage: str) -> list:
+        """The recorded edits of this stage in this step (recorded step = engine.num_steps + the queue's offset)."""
+        from debugger.value_edit import ValueEdit
+        step = self.engine.num_steps + self.queue.offset
+        due = [ValueEdit(session.engine.num_steps, e.stage, e.select, e.expr)
+               for e in self.queue.recording.edits if e.step == step and e.stage == stage]
+        self.edits_applied += len(due)
+        return due
 
     def after_step(self, session, outputs) -> None:
         self.queue.on_outputs(session.engine, outputs)
@@ -379,7 +400,10 @@ class ReplayFeed(Feed):
         """Each finished request against its recorded answer; before the end, only those, and says so."""
         from tinyvllm.serving.replay import format_report
         if self.done:
-            return format_report(self._report())
+            missed = len(self.queue.recording.edits) - self.edits_applied
+            return format_report(self._report()) + (
+                f"\n{missed} recorded value edit(s) never applied: their step and stage did not run in the replay"
+                if missed else "")
         report = self._report(finished_only=True)
         compared = sum(r.recorded is not None for r in report.results)
         headline = (f"{len(report.results)} of {self.num_requests} requests finished so far: "

@@ -13,6 +13,11 @@ a pass). `view()` gives the UI an immutable snapshot, built on the thread that d
 With SessionOptions.compare_precision a PrecisionShadow (precision_shadow.py) steps an engine of the other
 precision in lockstep and each StageRecord carries its difference; the stepped engine never sees it.
 
+`session.edit("row 0 = x * 0")` sets part of the current stage's output (value_edit.py) before the next stage
+reads it: the stage's record shows the edited values, its step's StepRecord and the timeline list the edit, and a
+recording (`record_to`, debug --record; or serve --debug's feed) keeps it, for debug --replay to apply it again
+(ReplayFeed).
+
 Latencies shown (TTFT, ITL) are in engine time: only the time spent inside the session's stepping counts,
 not the time the debugger sat paused between commands (the engine's own metrics count wall time); with a
 precision shadow, its stages' time too.
@@ -20,6 +25,7 @@ precision shadow, its stages' time too.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import fnmatch
 import re
 import threading
@@ -36,6 +42,7 @@ from tinyvllm.runner.forward import stage_names
 
 from debugger.precision_shadow import PrecisionDiff, PrecisionShadow
 from debugger.rows import as_rows
+from debugger.value_edit import EditError, ValueEdit
 
 
 # ---- tensors --------------------------------------------------------------------------------------
@@ -105,6 +112,7 @@ class StageRecord:
     golden: tuple[GoldenRow, ...]
     row_labels: tuple[str, ...] = ()   # per row of as_rows(values): "0:26" (request 0, position 26)
     precision: PrecisionDiff | None = None   # against the other precision's engine (--compare-precision)
+    edits: tuple[ValueEdit, ...] = ()        # value edits made to this output (values shows the result)
 
 
 @dataclass(frozen=True)
@@ -115,12 +123,14 @@ class StepRecord:
     new_tokens: dict[str, list[int]]   # request id -> tokens this step sampled
     finished: tuple[str, ...]          # request ids that finished in this step
     new_text: dict[str, str] = field(default_factory=dict)   # request id -> those tokens decoded
+    edits: tuple[ValueEdit, ...] = ()  # value edits made in this step, in order
 
     def describe(self) -> str:
         """`req 0: 390 ' the', req 1: 17 'x'; finished 0` (what the step sampled, readable)."""
         sampled = ", ".join(f"req {r}: {' '.join(map(str, ids))} {self.new_text.get(r, '')!r}"
                             for r, ids in self.new_tokens.items()) or "nothing sampled"
-        return sampled + (f"; finished {', '.join(self.finished)}" if self.finished else "")
+        edited = f"; {len(self.edits)} value edit{'s' if len(self.edits) > 1 else ''}" if self.edits else ""
+        return sampled + (f"; finished {', '.join(self.finished)}" if self.finished else "") + edited
 
 
 @dataclass(frozen=True)
@@ -350,6 +360,7 @@ class SessionView:
     idle: bool                    # no request left to run
     breakpoints: tuple[str, ...] = ()   # the standing breakpoints `continue` stops at
     serving: str = ""             # the feed's one-line status (server address, recording), "" without one
+    edits: tuple[ValueEdit, ...] = ()   # every value edit made since the session (re)started
 
 
 @dataclass
@@ -374,6 +385,7 @@ class Session:
         self._lock = threading.RLock()
         self.breakpoints: list[Breakpoint] = []   # standing ones: continue_to_end and serve stop at any of them
         self.feed = None    # a source of requests stepped in by the session (serving: serve_debug.SteppedEngineLoop)
+        self.recorder = None   # a serving.recording.Recorder of this session's own requests (record_to)
         self._closed = False
         self._start(engine)
 
@@ -383,6 +395,8 @@ class Session:
         with self._lock:
             if self.feed is not None:
                 raise ValueError("reset is off while the engine serves requests (it would drop its clients)")
+            if self.recorder is not None:
+                raise ValueError("reset is off while recording (a recording follows one engine from its start)")
             self._start(LLMEngine(self._model, self._engine_config, log=lambda message: None))
 
     def _start(self, engine: LLMEngine) -> None:
@@ -398,6 +412,9 @@ class Session:
         self.request_ids: list[str] = []
         self.golden_prompt_of: dict[str, int] = {}
         self._stages = None
+        self._stage = None                            # the current Stage (its device output: value edits)
+        self.edits: list[ValueEdit] = []
+        self._step_edits: list[ValueEdit] = []
         self._all_logits = False
         self._step_busy = 0.0                         # seconds inside step_stage calls in the current step
         self._kv_before, self.facts = 0.0, None       # the current step's ScheduleFacts (after its first stage)
@@ -416,12 +433,33 @@ class Session:
             if self.shadow is not None:
                 self.shadow.add_request(prompt, params or self.options.params, request_id)
             self.request_ids.append(request_id)
+            if self.recorder is not None:
+                self._record_request(request_id)
             ids = self.engine.request(request_id).prompt_token_ids
             for p, golden in enumerate(self.goldens.prompts if self.goldens else []):
                 if golden["input_ids"].tolist() == ids:
                     self.golden_prompt_of[request_id] = p
                     break
             return request_id
+
+    def record_to(self, path, model: str | None = None) -> None:
+        """Record this session as a serving recording (debug --record FILE): its requests, their answers and its
+        value edits, for debug --replay FILE to step again. From the start: the initial prompts are its first
+        requests."""
+        from tinyvllm.serving.recording import Recorder
+        with self._lock:
+            assert self.step_index == 0 and not self.in_step and self.feed is None, "record from the start"
+            self.recorder = Recorder.open(path, self.engine, model=model)
+            for request_id in self.request_ids:
+                self._record_request(request_id)
+
+    def _record_request(self, request_id: str) -> None:
+        """As the serving loop records: a request the engine queued, or one it refused as it was added."""
+        error = self.engine.request(request_id).error
+        if error:
+            self.recorder.refused(self.engine, request_id, error)
+        else:
+            self.recorder.request(self.engine, request_id)
 
     def rejection(self, request_id: str) -> str | None:
         """Why the engine refused a request as it was added (unknown token ids, too long, ...), else None:
@@ -435,6 +473,8 @@ class Session:
         with self._lock:
             self._closed = True
             self._stages = None
+            if self.recorder is not None:
+                self.recorder.close()
             if self.feed is not None and hasattr(self.feed, "close"):
                 self.feed.close()
 
@@ -585,6 +625,7 @@ class Session:
         self._step_busy = 0.0
         self.stage_index = 0
         self.golden_rows = []
+        self._step_edits = []
 
     def _record_stage(self, stage) -> StageRecord:
         if self.stage_index == 0:
@@ -602,7 +643,46 @@ class Session:
                                    self._row_labels(as_rows(values).shape[0]), precision)
         self.timeline.append(TimelineEntry(self.step_index, stage.name, stage.kernel, stage.seconds))
         self.stage_index += 1
+        self._stage = stage
+        for edit in self.feed.edits_due(self, stage.name) if self.feed is not None else ():
+            try:
+                self._apply_edit(edit)
+            except EditError as e:
+                raise EditError(f"the recorded edit {edit.describe()} cannot be applied: {e}") from None
         return self.current
+
+    # ---- value edits (value_edit.py) -----------------------------------------------------------------
+    def edit(self, text: str) -> ValueEdit:
+        """Apply `SELECTION = EXPRESSION` to the current stage's output, before the next stage reads it; the edit
+        (EditError says why it cannot be made)."""
+        with self._lock:
+            if not self.in_step or self._stage is None or self.stage_index == 0:
+                raise EditError("no stage to edit: step to one first (s, l, or a breakpoint), then edit its output")
+            edit = ValueEdit.parse(self.engine.num_steps, self._stage.name, text)
+            self._apply_edit(edit)
+            if self.feed is not None:
+                self.feed.record_edit(self, edit)
+            if self.recorder is not None:
+                self.recorder.edit(self.engine, edit.stage, edit.select, edit.expr)
+            return edit
+
+    def _apply_edit(self, edit: ValueEdit) -> None:
+        stage = self._stage
+        why = self.engine.runner.forward_pass.edit_blocker(stage.name, self.engine.last_batch.num_tokens)
+        if why is not None:
+            raise EditError(f"{stage.name} cannot be edited here: {why}")
+        values = edit.apply(self.current.values, self.engine.model.config.head_dim)
+        assert stage.output.is_c_contiguous() and stage.output.shape == values.shape, stage.name
+        stage.output.copy_to_device(values)
+        golden = tuple(self._compare(stage))   # the golden panel describes the values as they now are
+        self.golden_rows = [g for g in self.golden_rows if g.stage != stage.name] + list(golden)
+        if self.first_failure is None:
+            self.first_failure = next((g for g in golden if g.status == "fail"), None)
+        self.current = dataclasses.replace(self.current, values=values, stats=TensorStats.of(values), golden=golden,
+                                           edits=self.current.edits + (edit,))
+        self.edits.append(edit)
+        self._step_edits.append(edit)
+        self.timeline.append(TimelineEntry(self.step_index, "value edit", f"{edit.stage} {edit.select} = {edit.expr}"))
 
     def _row_labels(self, rows: int) -> tuple[str, ...]:
         """"request:position" for each row of a stage's output: its token rows (every stage but logits), or
@@ -642,7 +722,7 @@ class Session:
         return ", ".join(parts) + (f"; preempted {preempted}" if preempted else "")
 
     def _end_step(self, outputs, call_start: float) -> StepRecord:
-        self._stages = None
+        self._stages = self._stage = None
         if self.shadow is not None:
             self.shadow.end_step(self.step_index, outputs)
         schedule = self.engine.last_schedule
@@ -651,8 +731,12 @@ class Session:
                             schedule.num_batched_tokens if schedule else 0,
                             {o.request_id: list(o.new_token_ids) for o in outputs},
                             tuple(o.request_id for o in outputs if o.finished),
-                            {o.request_id: decode(list(o.new_token_ids)) for o in outputs})
+                            {o.request_id: decode(list(o.new_token_ids)) for o in outputs},
+                            tuple(self._step_edits))
         self.timeline.append(TimelineEntry(self.step_index, "step done", record.describe(), record.seconds))
+        for out in outputs if self.recorder is not None else ():
+            if out.finished:
+                self.recorder.finished(self.engine, out)
         self.step_index += 1
         if self.feed is not None:
             self.feed.after_step(self, outputs)
@@ -667,7 +751,7 @@ class Session:
                                + (self.feed.pending_views() if self.feed is not None else ()),
                                self._block_view(), self._golden_view(), tuple(self.timeline), self.idle,
                                tuple(b.describe() for b in self.breakpoints),
-                               self.feed.status() if self.feed is not None else "")
+                               self.feed.status() if self.feed is not None else "", tuple(self.edits))
 
     def _request_view(self, request_id: str) -> RequestView:
         request = self.engine.request(request_id)

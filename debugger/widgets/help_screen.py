@@ -23,6 +23,8 @@ KEYS = (
           "· golden [THRESHOLD] · arrival [CLIENT] · kv 80% · preemption · prefix-hit · slow MS"),
     ("B", "standing breakpoints (the same specs; clear, del N): c stops at any of them"),
     ("a", "add a request: text, token ids as [1, 2, 3], or golden N (a golden file prompt)"),
+    ("e", "edit the output of the stage stepping stopped at, before the next stage reads it: SELECTION = "
+          "EXPRESSION, e.g. row 0 = x * 0, head 1 = np.flip(x), channel 3 = x + 1e-2 (kept in a recording)"),
     ("r", "reset: a fresh engine and KV pool with the initial prompts queued"),
     ("x", "cancel a running c / b / d / l"),
     ("w", "start / stop recording the served session (JSONL, as serve --record; tinyvllm debug --replay FILE)"),

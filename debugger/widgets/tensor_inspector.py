@@ -61,7 +61,9 @@ class TensorInspector(Vertical):
         self.query_one("#inspector-header", Static).update(Text.assemble(
             ("" if narrow else "stage ", "dim"), (record.name, "bold"),
             f" · step {record.step} · #{record.index}{layer}\n",
-            ("kernel ", "dim"), record.kernel, f" · {record.seconds * 1000:.1f} ms"))
+            ("kernel ", "dim"), record.kernel, f" · {record.seconds * 1000:.1f} ms",
+            *((("\nedited ", "bold red"), "; ".join(f"{e.select} = {e.expr}" for e in record.edits))
+              if record.edits else ())))
         self.query_one("#inspector-stats", Static).update(Text(record.stats.describe(self.size.width or None)))
 
     def select_row(self, delta: int) -> None:

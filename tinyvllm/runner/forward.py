@@ -25,6 +25,11 @@ docs/bench-h200.md), so the layer launches none.
 
 Every stage keeps its name and output in both; a stage whose output a fused kernel already produced launches nothing
 and says which stage computed it (stages.computed_by).
+
+Between a stage's yield and the next stage's launch the generator is paused, so a caller may write into the yielded
+output (the debugger's value edits): the stages after it read the written values, except where a kernel has already
+read that output or keeps its own copy of it; `ForwardPass.edit_blocker` names those stages and why. Nothing here
+checks or pays for edits: generate and serve never stop between stages.
 """
 from __future__ import annotations
 
@@ -95,6 +100,18 @@ class ForwardPass:
         if self.fuse_norms is not None:
             return self.fuse_norms
         return self.plan.fused_gemv_layer(num_tokens, self.projection_inputs())
+
+    def edit_blocker(self, stage: str, num_tokens: int) -> str | None:
+        """Why a value written into `stage`'s output (between its yield and the next launch, in a step of num_tokens)
+        would not reach every stage after it, or None when it would (the module docstring)."""
+        kind = stage.rsplit(".", 1)[-1]
+        layer = FusedGemvLayer if self.fuses_norms(num_tokens) else AddRMSNormLayer
+        why = layer.edit_blockers.get(kind)
+        if why is None and layer is AddRMSNormLayer and kind in ("input_norm", "post_norm") and \
+                self.plan.norm_bits_shape(num_tokens, self.config.hidden_size) is not None:
+            why = ("in the fast precision the projections after it read the bf16 copy the norm wrote beside it "
+                   "(norm_bits), not this float32 output")
+        return why
 
     def device_forward(self, batch: DeviceBatch):
         """The whole forward pass over device index arrays, launches left asynchronous; the logits."""
@@ -188,6 +205,14 @@ class AddRMSNormLayer(_Layer):
     """Projections (gemv, gemm_blocked or gemm_tc), rope_qkv, and each residual add fused with the RMSNorm after
     it (add_rmsnorm); the normed x reaches the next layer's input_norm that way."""
     first_buffered_stage = "q"  # layer 0's rmsnorm runs before: the other layers' x comes from add_rmsnorm
+    edit_blockers = {   # ForwardPass.edit_blocker: the outputs a kernel has read already, or copied
+        "k": "rope_qkv has written K into the paged KV cache, which attention reads: edit q or attn instead",
+        "v": "rope_qkv has written V into the paged KV cache, which attention reads: edit q or attn instead",
+        "attn_residual": "its add_rmsnorm has normed this residual into post_norm in the same kernel: edit "
+                         "post_norm or mlp instead",
+        "output": "its add_rmsnorm has normed this residual into the next input_norm in the same kernel: edit that "
+                  "input_norm (or final_norm) instead",
+    }
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -262,6 +287,16 @@ class FusedGemvLayer(_Layer):
     stages, same outputs (up to float32 rounding: the norm's scale multiplies the dot products instead of the
     inputs)."""
     first_buffered_stage = "input_norm"
+    edit_blockers = {   # ForwardPass.edit_blocker: what gemv_fused has consumed inside the kernel that made it
+        "input_norm": "gemv_fused normed it inside q|k|v's projection; nothing reads it afterwards: edit q instead",
+        "k": "gemv_fused has written K into the paged KV cache, which attention reads: edit q or attn instead",
+        "v": "gemv_fused has written V into the paged KV cache, which attention reads: edit q or attn instead",
+        "o_proj": "gemv_fused has added it into the residual (attn_residual) in the same kernel: edit "
+                  "attn_residual instead",
+        "post_norm": "gemv_fused normed it inside gate|up's projection; nothing reads it afterwards: edit "
+                     "attn_residual instead",
+        "mlp": "gemv_fused has added it into the residual (output) in the same kernel: edit output instead",
+    }
 
     def input_norm(self) -> Step:
         b, f, w = self.batch, self.forward, self.w

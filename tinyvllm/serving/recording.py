@@ -6,6 +6,9 @@
     {"type": "abort", "id": ID, "t": ..., "step": 15}               (a client went away, or the shutdown timeout)
     {"type": "finished", "id": ID, "t": ..., "step": 20, "token_ids": [...], "text": "...", "finish_reason": ...}
     {"type": "refused", "id": ID, "t": ..., "step": ..., "error": ...}  (the engine refused it: it never ran)
+    {"type": "edit", "t": ..., "step": 3, "stage": "layers.0.q", "select": "row 0", "expr": "x * 0"}
+        (a value edit made in the debugger, serve --debug: debugger/value_edit.py; debug --replay applies it again
+        after that stage of that step, the headless replay cannot and says so)
 
 `step` is LLMEngine.num_steps when the line was written: a request recorded at step k was queued before the
 engine's step k ran (the engine loop adds its inbox between steps), which is what replay.py reproduces. The
@@ -19,7 +22,7 @@ import datetime
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -27,7 +30,7 @@ from tinyvllm.errors import TinyVLLMError
 
 FORMAT = "tinyvllm-recording"
 VERSION = 1
-LINE_TYPES = ("header", "request", "abort", "finished", "refused")
+LINE_TYPES = ("header", "request", "abort", "finished", "refused", "edit")
 ENDPOINTS = {"cmpl": "completions", "chatcmpl": "chat.completions", "line": "jsonl"}
 
 
@@ -89,6 +92,11 @@ class Recorder:
         self._ids.add(request_id)
         self._write({"type": "refused", "id": request_id, "t": self._t(), "step": engine.num_steps, "error": error})
 
+    def edit(self, engine, stage: str, select: str, expr: str) -> None:
+        """A value edit of `stage`'s output in the step now running (engine.num_steps)."""
+        self._write({"type": "edit", "t": self._t(), "step": engine.num_steps, "stage": stage, "select": select,
+                     "expr": expr})
+
     def close(self) -> None:
         with self._lock:
             if self._close and not self._out.closed:
@@ -122,11 +130,22 @@ class RecordedRequest:
     finish_step: int | None = None    # LLMEngine.num_steps after the step that finished it
 
 
+@dataclass(frozen=True)
+class RecordedEdit:
+    """A value edit: SELECT = EXPR on `stage`'s output in step `step` (the debugger's value_edit.py reads them)."""
+    step: int
+    stage: str
+    select: str
+    expr: str
+    line: int = 0
+
+
 @dataclass
 class Recording:
     path: str
     header: dict
     requests: list[RecordedRequest]   # in arrival order
+    edits: list[RecordedEdit] = field(default_factory=list)   # in the order they were made
 
     @property
     def engine_config(self) -> dict:
@@ -141,7 +160,7 @@ def read_recording(path: str | Path) -> Recording:
             lines = f.readlines()
     except OSError as e:
         raise BadRecording(f"cannot read the recording {path}: {e.strerror}") from e
-    header, requests, by_id = None, [], {}
+    header, requests, by_id, edits = None, [], {}, []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -161,6 +180,10 @@ def read_recording(path: str | Path) -> Recording:
                 raise BadRecording(f"{where}: recording format version {obj.get('version')!r}, this tinyvllm "
                                    f"reads version {VERSION}")
             header = obj
+            continue
+        if kind == "edit":
+            edits.append(RecordedEdit(_step(obj, where), _field(obj, "stage", str, where),
+                                      _field(obj, "select", str, where), _field(obj, "expr", str, where), n))
             continue
         request_id = _field(obj, "id", str, where)
         if kind == "request":
@@ -188,7 +211,7 @@ def read_recording(path: str | Path) -> Recording:
                 r.finish_step = _step(obj, where)
     if header is None:
         raise BadRecording(f"{path}: empty: not a tinyvllm recording")
-    return Recording(path, header, requests)
+    return Recording(path, header, requests, edits)
 
 
 def _field(obj: dict, name: str, kind, where: str):

@@ -60,6 +60,7 @@ class ReplayReport:
     num_steps: int
     config_differences: dict[str, tuple] = field(default_factory=dict)  # field: (recorded, replayed)
     shifted_arrivals: int = 0           # arrivals queued before their recorded step (the engine was idle)
+    edits_not_applied: int = 0          # the recording's value edits (debugger), which only debug --replay applies
 
     @property
     def num_matched(self) -> int:
@@ -164,7 +165,9 @@ def replay(recording: Recording, engine: LLMEngine, on_step=None) -> ReplayRepor
         queue.on_outputs(engine, outputs)
         if on_step is not None:
             on_step(engine, outputs)
-    return queue.report(engine, time.perf_counter() - start, engine.num_steps - first_step)
+    report = queue.report(engine, time.perf_counter() - start, engine.num_steps - first_step)
+    report.edits_not_applied = len(recording.edits)
+    return report
 
 
 def format_report(report: ReplayReport) -> str:
@@ -195,6 +198,9 @@ def format_report(report: ReplayReport) -> str:
     if report.config_differences:
         lines.append("engine configuration differs from the recording: " + ", ".join(
             f"{k} {a!r} -> {b!r}" for k, (a, b) in report.config_differences.items()))
+    if report.edits_not_applied:
+        lines.append(f"{report.edits_not_applied} value edit(s) recorded in the debugger are not applied here (the "
+                     f"engine does not stop between stages): tinyvllm debug --replay FILE applies them")
     if report.shifted_arrivals:
         lines.append(f"{report.shifted_arrivals} arrival step(s) shifted earlier: the engine was idle before them")
     return "\n".join(lines)
