@@ -1,9 +1,12 @@
 """Make docs/debugger.svg: the demo model with its goldens, stepped through its first layer (press `l`);
 with --serve, docs/serve-debug.svg: `tinyvllm serve --debug` with two streaming HTTP clients, recording,
 after one decode step (`d`); with --tour, docs/course-tour.svg: `tinyvllm debug --tour` walked (`n`) to the
-RMSNorm chapter (--chapter paged-attention --out docs/course-tour-paged.svg: to chapter 20's block tables).
+RMSNorm chapter (--chapter paged-attention --out docs/course-tour-paged.svg: to chapter 20's block tables); with
+--divergence, docs/debugger-divergence.svg: `D` on a request batched with another in the fast plan without batch
+invariance, against itself alone (`--compare-alone`).
 
-    python -m debugger.screenshot [--serve | --tour [--chapter SLUG]] [--out FILE]   (in the simulator unless told)
+    python -m debugger.screenshot [--serve | --tour [--chapter SLUG] | --divergence] [--out FILE]
+                                                                          (in the simulator unless told)
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ DEFAULT_OUT = DOCS / "debugger.svg"
 SERVE_OUT = DOCS / "serve-debug.svg"
 TOUR_OUT = DOCS / "course-tour.svg"
 TOUR_CHAPTER = "rmsnorm"
+DIVERGENCE_OUT = DOCS / "debugger-divergence.svg"
 
 
 async def take(out: Path, size=(160, 48)) -> None:
@@ -30,6 +34,34 @@ async def take(out: Path, size=(160, 48)) -> None:
     async with app.run_test(size=size) as pilot:
         await pilot.press("l")
         await app.workers.wait_for_complete()
+        await pilot.pause()
+        app.save_screenshot(filename=out.name, path=str(out.parent))
+
+
+async def take_divergence(out: Path, size=(160, 48)) -> None:
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.sampling_params import SamplingParams
+
+    from debugger.app import DebuggerApp
+    from debugger.divergence import AloneComparison
+    from debugger.session import Session, SessionOptions
+    config = EngineConfig(num_blocks=64, block_size=4, precision="fast", batch_invariant=False)
+    engine = LLMEngine(None, config, log=lambda message: None)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    session = Session(engine, None, ["The sun rose over the town", "A small dog ran along the river"],
+                      SessionOptions(params=params, record_rows=True))
+    session.divergence = AloneComparison()
+    app = DebuggerApp(session)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("c")
+        await app.workers.wait_for_complete()
+        while app.busy:
+            await pilot.pause(0.05)
+        app.query_one("#scheduler-table").move_cursor(row=1)
+        await pilot.press("D")
+        await app.workers.wait_for_complete()
+        while app.busy:
+            await pilot.pause(0.05)
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
@@ -115,14 +147,18 @@ def main() -> None:
     shot = parser.add_mutually_exclusive_group()
     shot.add_argument("--serve", action="store_true", help="serve --debug with two HTTP clients instead")
     shot.add_argument("--tour", action="store_true", help=f"the course's tour at its {TOUR_CHAPTER} chapter instead")
+    shot.add_argument("--divergence", action="store_true",
+                      help="the divergence view (D) of a request batched vs alone, fast plan, invariance off")
     parser.add_argument("--chapter", default=TOUR_CHAPTER, metavar="SLUG",
                         help="with --tour, the chapter to stop at (its file name without the number, e.g. "
                              "paged-attention)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-    out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else DEFAULT_OUT)
-    asyncio.run(take_serving(out) if args.serve else take_tour(out, args.chapter) if args.tour else take(out))
+    out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else
+                       DIVERGENCE_OUT if args.divergence else DEFAULT_OUT)
+    asyncio.run(take_serving(out) if args.serve else take_tour(out, args.chapter) if args.tour else
+                take_divergence(out) if args.divergence else take(out))
     print(f"wrote {out}")
 
 
