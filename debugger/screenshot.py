@@ -2,8 +2,8 @@
 with --serve, docs/serve-debug.svg: `tinyvllm serve --debug` with two streaming HTTP clients, recording,
 after one decode step (`d`); with --tour, docs/course-tour.svg: `tinyvllm debug --tour` walked (`n`) to the
 RMSNorm chapter (--chapter paged-attention --out docs/course-tour-paged.svg: to chapter 20's block tables); with
---divergence, docs/debugger-divergence.svg: `D` on a request batched with another in the fast plan without batch
-invariance, against itself alone (`--compare-alone`).
+--divergence, docs/debugger-divergence.svg: `D` on a request batched with a longer one in the fast plan without
+batch invariance, against itself alone (`--compare-alone`).
 
     python -m debugger.screenshot [--serve | --tour [--chapter SLUG] | --divergence] [--out FILE]
                                                                           (in the simulator unless told)
@@ -45,11 +45,14 @@ async def take_divergence(out: Path, size=(160, 48)) -> None:
     from debugger.app import DebuggerApp
     from debugger.divergence import AloneComparison
     from debugger.session import Session, SessionOptions
-    config = EngineConfig(num_blocks=64, block_size=4, precision="fast", batch_invariant=False)
+    # a budget of 16 tokens: request 0's first decode step shares the long prompt's next chunk (gemm_tc), alone it
+    # is one row (gemv)
+    config = EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16, precision="fast",
+                          batch_invariant=False)
     engine = LLMEngine(None, config, log=lambda message: None)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    session = Session(engine, None, ["The sun rose over the town", "A small dog ran along the river"],
-                      SessionOptions(params=params, record_rows=True))
+    prompts = ["The sun rose", "A small dog ran along the river bank while the old man watched it from the bridge"]
+    session = Session(engine, None, prompts, SessionOptions(params=params, record_rows=True))
     session.divergence = AloneComparison()
     app = DebuggerApp(session)
     async with app.run_test(size=size) as pilot:
@@ -57,8 +60,7 @@ async def take_divergence(out: Path, size=(160, 48)) -> None:
         await app.workers.wait_for_complete()
         while app.busy:
             await pilot.pause(0.05)
-        app.query_one("#scheduler-table").move_cursor(row=1)
-        await pilot.press("D")
+        await pilot.press("D")   # on request 0: the scheduler table's cursor row
         await app.workers.wait_for_complete()
         while app.busy:
             await pilot.pause(0.05)

@@ -10,7 +10,7 @@ from debugger.divergence import AloneComparison, Margin, PrecisionComparison, Ru
 from debugger.serve_debug import replay_session
 from debugger.session import Session, SessionOptions, StageRecord
 from debugger.widgets.divergence_panel import DivergenceScreen
-from tests.test_debugger_app import drive, press, shown
+from tests.test_debugger_app import cells, drive, press, shown
 from tests.test_precision import _roundings_upstream
 from tinyvllm.cli import main, parse_args
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
@@ -154,6 +154,27 @@ def test_the_key_opens_the_view_on_the_picked_request():
         summary = shown(pilot.app.screen, "#divergence-summary")
         assert summary.startswith("request 1: batched vs alone: identical ("), summary
         assert "tokens: the same over 2" in summary
+    drive(debug_app(args), scenario)
+
+
+@pytest.mark.slow   # a fast shadow in lockstep
+def test_the_view_marks_the_first_differing_stage_in_its_table():
+    """debug --compare-precision, one step, D: the summary and the table's cursor row name the first stage with a
+    bf16 rounding upstream (test_precision.py counts them); every stage before it reads "same"."""
+    args = parse_args(["debug", "--compare-precision", "--no-goldens", "--prompt", "Hello there", "--max-tokens", "1"])
+    first = next(s for s in STAGES if _roundings_upstream(s) > 0)
+
+    async def scenario(pilot):
+        await press(pilot, "d")
+        await press(pilot, "D")
+        summary = shown(pilot.app.screen, "#divergence-summary")
+        assert f"request 0: fp32 vs fast first differ at position 0 (prompt), {first}: max |diff| " in summary, summary
+        table = pilot.app.screen.query_one("#divergence-table")
+        rows = [cells(table, i) for i in range(table.row_count)]
+        assert [r[0] for r in rows] == STAGES[:-1]   # position 0 samples nothing: it has no logits row
+        assert rows[table.cursor_row][0] == first
+        assert rows[table.cursor_row][3] == "differ ◀ first"
+        assert all(r[3] == "same" for r in rows[:STAGES.index(first)])
     drive(debug_app(args), scenario)
 
 

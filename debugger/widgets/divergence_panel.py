@@ -30,6 +30,12 @@ def picked_request(app) -> str | None:
     return table.coordinate_to_cell_key((row, 0)).row_key.value
 
 
+def _short(kernel: str) -> str:
+    """A stage's kernel string without what its kernel does besides ("gemm_tc.gemm_tc (q|k|v in one) + rope..."
+    -> "gemm_tc.gemm_tc"); "(computed by STAGE)" whole."""
+    return kernel if kernel.startswith("(") else kernel.split(" ")[0]
+
+
 def _number(x: float) -> str:
     return f"{x:.3e}"
 
@@ -40,7 +46,8 @@ class DivergenceScreen(ModalScreen):
     # its own sizes, beside the help box's look (app.tcss #help-box): the table as tall as its stages
     DEFAULT_CSS = """
     DivergenceScreen { align: center middle; }
-    DivergenceScreen #divergence-table { height: auto; max-height: 30; margin-top: 1; }
+    DivergenceScreen #divergence-table-title { margin-top: 1; }
+    DivergenceScreen #divergence-table { height: auto; max-height: 30; }
     """
 
     def __init__(self, report: DivergenceReport):
@@ -51,6 +58,7 @@ class DivergenceScreen(ModalScreen):
         with Vertical(id="help-box") as box:
             box.border_title = f"where request {self.report.request_id}'s runs part (escape closes)"
             yield Static(id="divergence-summary")
+            yield Static(id="divergence-table-title")
             yield DataTable(id="divergence-table", cursor_type="row")
 
     def on_mount(self) -> None:
@@ -61,15 +69,16 @@ class DivergenceScreen(ModalScreen):
             summary.append(("\n" if i else "") + line, style=style)
         self.query_one("#divergence-summary", Static).update(summary)
         table = self.query_one("#divergence-table", DataTable)
+        title = self.query_one("#divergence-table-title", Static)
         if not report.table:
-            table.display = False
+            table.display = title.display = False
             return
         position, first = report.first
-        table.border_title = f"each stage at {report.where(position)}: {' vs '.join(report.labels)}"
+        title.update(Text(f"each stage at {report.where(position)}, {' vs '.join(report.labels)}:", style="bold"))
         table.add_columns(*COLUMNS)
         for diff in report.table:
             is_first = diff.stage == first
-            kernels = diff.kernels[0] if diff.kernels[0] == diff.kernels[1] else " / ".join(diff.kernels)
+            kernels = " / ".join(dict.fromkeys(_short(k) for k in diff.kernels))
             bits = "same" if diff.identical else "differ" + (" ◀ first" if is_first else "")
             style = FIRST_STYLE if is_first else ("" if diff.identical else "red")
             table.add_row(Text(diff.stage, style=style), _number(diff.max_abs), _number(diff.max_rel),
