@@ -1,20 +1,26 @@
 """Where two runs of a request part (debugger/divergence.py, the D view): the request in its batch against itself
 alone, the two precisions, two recordings; headless, and through Pilot."""
+import asyncio
 import json
+import threading
 
+import httpx
 import numpy as np
 import pytest
 
+from debugger.app import DebuggerApp
 from debugger.cli import debug_app
-from debugger.divergence import AloneComparison, Margin, PrecisionComparison, Run, StageRows
+from debugger.divergence import AloneComparison, Margin, PrecisionComparison, Run, comparison_for
 from debugger.serve_debug import replay_session
 from debugger.session import Session, SessionOptions, StageRecord
 from debugger.widgets.divergence_panel import DivergenceScreen
 from tests.test_debugger_app import cells, drive, press, shown
 from tests.test_precision import _roundings_upstream
+from tests.test_serve_debug import record_two_requests, until
 from tinyvllm.cli import main, parse_args
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.model.loader import load_model
 from tinyvllm.runner.forward import stage_names
 from tinyvllm.serving.recording import FORMAT, VERSION
 
@@ -130,7 +136,6 @@ def test_two_recordings_compare_tokens_by_prompt_and_say_so(tmp_path):
     first = recording(tmp_path / "a.jsonl", [("cmpl-a-0", OTHER, [5, 6, 7]), ("cmpl-b-0", TARGET, [9, 8, 7, 6])])
     second = recording(tmp_path / "b.jsonl", [("cmpl-x-0", TARGET, [9, 8, 3, 6]), ("cmpl-y-0", OTHER, [5, 6, 7])])
     args = parse_args(["debug", "--replay", first, "--against", second])
-    from debugger.divergence import comparison_for
     session, feed = replay_session(first, options=SessionOptions(record_rows=True))
     comparison = comparison_for(args, session)
     report = comparison.report(session, "cmpl-b-0")
@@ -182,8 +187,6 @@ def test_the_view_shows_where_two_recordings_part(tmp_path):
     first = recording(tmp_path / "a.jsonl", [("cmpl-b-0", TARGET, [9, 8, 7, 6])])
     second = recording(tmp_path / "b.jsonl", [("cmpl-x-0", TARGET, [9, 8, 3, 6])])
     args = parse_args(["debug", "--replay", first, "--against", second])
-    from debugger.divergence import comparison_for
-    from debugger.app import DebuggerApp
     session, feed = replay_session(first, options=SessionOptions(record_rows=True))
     session.divergence = comparison_for(args, session)
 
@@ -215,3 +218,63 @@ def test_flags_that_do_not_fit_get_one_line(capsys, argv, message):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_serve_debug_with_compare_alone_reaches_the_view(monkeypatch):
+    """tinyvllm serve --debug --compare-alone, its app driven by Pilot: an HTTP client's request stepped to its end,
+    then D on it: the same bits alone."""
+
+    seen = {}
+
+    def run_with_pilot(app):
+        async def scenario(pilot):
+            url, reply = app.session.feed.url, {}
+            body = {"prompt": "The sun rose", "max_tokens": 2, "temperature": 0}
+            client = threading.Thread(target=lambda: reply.update(
+                httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()))
+            client.start()
+            await until(pilot, lambda: app.session.view().requests)
+            await press(pilot, "d")
+            await press(pilot, "d")
+            await asyncio.get_running_loop().run_in_executor(None, client.join, 120)
+            await press(pilot, "D")
+            seen["summary"] = shown(pilot.app.screen, "#divergence-summary")
+            seen["reply"] = reply
+            await pilot.press("escape", "q")
+
+        async def drive_it():
+            async with app.run_test(size=(160, 50)) as pilot:
+                await scenario(pilot)
+        asyncio.run(drive_it())
+    monkeypatch.setattr(DebuggerApp, "run", run_with_pilot)
+    assert main(["serve", "--debug", "--compare-alone", "--port", "0"]) == 0
+    request_id = seen["reply"]["id"] + "-0"
+    assert seen["reply"]["choices"][0]["finish_reason"] == "length"
+    assert seen["summary"].startswith(f"request {request_id}: batched vs alone: identical ("), seen["summary"]
+    assert "compared bit for bit: " in seen["summary"] and "tokens: the same over 2" in seen["summary"]
+
+
+def test_debug_replay_with_compare_alone_reaches_the_view(monkeypatch, tmp_path, capsys):
+    """tinyvllm debug --replay FILE --compare-alone, its app driven by Pilot: the replay run to its end (c), the cursor
+    on the second request (the one of 3 tokens, batched with the other at first), D: the same bits alone."""
+    recording = record_two_requests(load_model(log=quiet), tmp_path / "two.jsonl")
+    second = recording.requests[1].request_id
+    seen = {}
+
+    def run_with_pilot(app):
+        async def scenario(pilot):
+            await press(pilot, "c")
+            pilot.app.query_one("#scheduler-table").move_cursor(row=1)
+            await press(pilot, "D")
+            seen["summary"] = shown(pilot.app.screen, "#divergence-summary")
+            await pilot.press("escape", "q")
+
+        async def drive_it():
+            async with app.run_test(size=(160, 50)) as pilot:
+                await scenario(pilot)
+        asyncio.run(drive_it())
+    monkeypatch.setattr(DebuggerApp, "run", run_with_pilot)
+    assert main(["debug", "--replay", str(tmp_path / "two.jsonl"), "--compare-alone"]) == 0
+    assert "2/2 requests match token for token" in capsys.readouterr().out
+    assert seen["summary"].startswith(f"request {second}: batched vs alone: identical ("), seen["summary"]
+    assert "compared bit for bit: " in seen["summary"] and "tokens: the same over 3" in seen["summary"]
