@@ -252,7 +252,9 @@ Cancelled = Callable[[], bool]
 
 
 class AloneRun:
-    """One request of `main`, alone in a fresh engine of the same model and EngineConfig."""
+    """One request of `main`, alone in a fresh engine of the same model and EngineConfig, stepped as an engine
+    steps on its own (logits for the rows that sample only; the session may ask for every prompt row's, for
+    goldens: those positions then have no logits to compare)."""
 
     def __init__(self, main: LLMEngine, request_id: str):
         request = main.request(request_id)

@@ -69,7 +69,9 @@ def test_alone_and_batched_are_identical_with_batch_invariance_in_fp32():
     """Prefill in chunks of 8 beside OTHER, decode beside it: every row of TARGET's (7 + 3 - 1 positions x every
     stage but the logits, and the logits of its 3 tokens) the same bits alone."""
     session = batched_session(3, precision="fp32", batch_invariant=True, max_num_batched_tokens=8)
-    report = AloneComparison().report(session, "1")
+    comparison = AloneComparison()
+    report = comparison.report(session, "1")
+    assert comparison._runs["1"].engine.config == session.engine.config   # the same EngineConfig, all of it
     assert report.identical, report.lines()
     assert report.positions == len(TARGET) + 2 and report.tokens_compared == 3
     assert report.rows_compared == (len(TARGET) + 2) * (len(STAGES) - 1) + 3
