@@ -18,7 +18,7 @@ def add_arguments(p) -> None:
     p.add_argument("--compare-precision", action="store_true",
                    help="also step an engine of the other precision (fp32 <-> fast) on the same requests, in "
                         "lockstep: the golden diff panel shows each stage's max |main - other| and max rel, until "
-                        "the two sample different tokens")
+                        "the two sample different tokens; D shows where the picked request's two runs part")
     p.add_argument("--compare-alone", action="store_true",
                    help="keep every stage's rows, so that D shows where the picked request's run parts from the same "
                         "request run alone (a fresh engine with the same configuration, given only that request)")
