@@ -22,6 +22,7 @@ from debugger.messages import FeedChanged, RunFinished, RunProgress, SessionUpda
 from debugger.session import (BREAKPOINT_HELP, ArrivalRecord, Breakpoint, RunResult, Session, SessionView, StageRecord,
                       StepRecord)
 from debugger.widgets.block_table_panel import BlockTablePanel
+from debugger.widgets.divergence_panel import NO_COMPARISON, DivergenceScreen, picked_request
 from debugger.widgets.golden_diff import GoldenDiffPanel
 from debugger.tour import Tour, excerpts, lesson_here, position
 from debugger.widgets.help_screen import HelpScreen, TextScreen
@@ -102,6 +103,7 @@ class DebuggerApp(App):
         Binding("x", "cancel", "cancel"),
         Binding("w", "record", "rec"),
         Binding("v", "report", "report"),
+        Binding("D", "divergence", "diverge", show=False),
         Binding("n", "chapter(1)", "tour"),   # the course's tour: the next chapter
         Binding("p", "chapter(-1)", "back", show=False),
         Binding("o", "lesson_code", "code", show=False),
@@ -238,6 +240,19 @@ class DebuggerApp(App):
             self.set_status("v shows a replay's report: tinyvllm debug --replay FILE")
             return
         self.push_screen(TextScreen("replay report (escape closes)", report))
+
+    def action_divergence(self) -> None:
+        """D: where the picked request's two runs part (debugger/divergence.py; the flag says which two)."""
+        comparison, request_id = self.session.divergence, picked_request(self)
+        if comparison is None or request_id is None:
+            self.set_status(NO_COMPARISON if comparison is None else "D compares a request's runs: no request yet")
+            return
+
+        def compare(s, cancelled, progress):
+            report = comparison.report(s, request_id, cancelled)
+            self.call_from_thread(self.push_screen, DivergenceScreen(report))
+            return report.headline()
+        self.launch(f"compare request {request_id} ({comparison.kind})", compare)
 
     def on_feed_changed(self, message: FeedChanged) -> None:
         """A client arrived or went away: shown now while paused (a running command shows it at its next step),

@@ -23,7 +23,13 @@ def add_arguments(p) -> None:
     p.add_argument("--compare-precision", action="store_true",
                    help="also step an engine of the other precision (fp32 <-> fast) on the same requests, in "
                         "lockstep: the golden diff panel shows each stage's max |main - other| and max rel, until "
-                        "the two sample different tokens")
+                        "the two sample different tokens; D shows where the picked request's two runs part")
+    p.add_argument("--compare-alone", action="store_true",
+                   help="keep every stage's rows, so that D shows where the picked request's run parts from the same "
+                        "request run alone (a fresh engine with the same configuration, given only that request)")
+    p.add_argument("--against", metavar="FILE2",
+                   help="with --replay FILE: D compares the picked request's answer in FILE with the same prompt's in "
+                        "FILE2 (tokens: recordings hold no stage tensors)")
     p.add_argument("--tour", action="store_true",
                    help="the course's tour: step the engine chapter by chapter (n: next), each lesson beside the "
                         "tensor panel at the stage it explains (tinyvllm/course/lessons/)")
@@ -33,12 +39,16 @@ def add_arguments(p) -> None:
 def debug_app(args):
     """The debugger app `tinyvllm debug` runs, on an engine and session made from the arguments."""
     from debugger.app import DebuggerApp
+    from debugger.divergence import comparison_for
+    comparison = comparison_for(args)   # before the model loads: flags that do not combine fail at once
     tour = None
     if getattr(args, "tour", False):
         from debugger.tour import Tour
         from tinyvllm.course import load_lessons
         tour = Tour(load_lessons())
-    return DebuggerApp(trace.session_from_args(args, build_engine(args, reference=True)), tour)
+    session = trace.session_from_args(args, build_engine(args, reference=True))
+    session.divergence = comparison
+    return DebuggerApp(session, tour)
 
 
 def run(args) -> int:

@@ -15,7 +15,8 @@ import numpy as np
 from tinyvllm.engine.engine import LLMEngine
 from tinyvllm.errors import TinyVLLMError
 
-from debugger.rows import as_rows
+from debugger.divergence import StageRows
+from debugger.rows import as_rows, row_labels
 
 
 def other_precision(precision: str) -> str:
@@ -59,6 +60,7 @@ class PrecisionShadow:
             raise TinyVLLMError(f"--compare-precision needs a {other} engine too: {e}") from e
         self.label = f"{main.precision} vs {self.engine.precision}"
         self.stopped = ""      # why comparing stopped ("" while it goes on)
+        self.rows = StageRows()   # the shadow's rows by request and position (divergence.py compares them)
         self._stages = None
 
     @property
@@ -80,15 +82,17 @@ class PrecisionShadow:
         def advance():
             for stage in self._stages:
                 if stage.name == stage_name:
-                    return stage.to_host()
+                    return stage.kernel, stage.to_host()
             self._stop(f"the {self.engine.precision} engine's step {step} has no stage {stage_name}")
-        other = self._guard(advance)
-        if other is None:
+        advanced = self._guard(advance)
+        if advanced is None:
             return None
+        kernel, other = advanced
         if _schedule_key(main) != _schedule_key(self.engine):
             return self._stop(f"the two engines scheduled different batches at step {step}")
         if np.shape(other) != np.shape(values):
             return self._stop(f"{stage_name} shapes differ at step {step}: {np.shape(values)} vs {np.shape(other)}")
+        self.rows.observe(stage_name, kernel, other, row_labels(self.engine.last_schedule, as_rows(other).shape[0]))
         return PrecisionDiff.of(self.label, stage_name, values, other)
 
     def end_step(self, step: int, outputs) -> None:

@@ -2,10 +2,12 @@
 with --serve, docs/serve-debug.svg: `tinyvllm serve --debug` with two streaming HTTP clients, recording,
 after one decode step (`d`); with --tour, docs/course-tour.svg: `tinyvllm debug --tour` walked (`n`) to the
 RMSNorm chapter (--chapter paged-attention --out docs/course-tour-paged.svg: to chapter 20's block tables); with
---edit, docs/debugger-edit.svg: a value edit (`e`) of the sampling row's logits at step 0, then the step finished.
+--edit, docs/debugger-edit.svg: a value edit (`e`) of the sampling row's logits at step 0, then the step finished;
+with --divergence, docs/debugger-divergence.svg: `D` on a request batched with a longer one in the fast plan
+without batch invariance, against itself alone (`--compare-alone`).
 
-    python -m debugger.screenshot [--serve | --tour [--chapter SLUG] | --edit] [--out FILE]   (in the simulator
-    unless told)
+    python -m debugger.screenshot [--serve | --tour [--chapter SLUG] | --edit | --divergence] [--out FILE]
+                                                                          (in the simulator unless told)
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ TOUR_OUT = DOCS / "course-tour.svg"
 TOUR_CHAPTER = "rmsnorm"
 EDIT_OUT = DOCS / "debugger-edit.svg"
 EDIT = "row -1 channel 42 = x + 100"   # the sampling row (the last prompt position): token 42 becomes its argmax
+DIVERGENCE_OUT = DOCS / "debugger-divergence.svg"
 
 
 async def take(out: Path, size=(160, 48)) -> None:
@@ -52,6 +55,36 @@ async def take_edit(out: Path, size=(160, 48)) -> None:
             await app.workers.wait_for_complete()
             while app.busy:
                 await pilot.pause(0.05)
+        await pilot.pause()
+        app.save_screenshot(filename=out.name, path=str(out.parent))
+
+
+async def take_divergence(out: Path, size=(160, 48)) -> None:
+    from tinyvllm.engine.engine import EngineConfig, LLMEngine
+    from tinyvllm.engine.sampling_params import SamplingParams
+
+    from debugger.app import DebuggerApp
+    from debugger.divergence import AloneComparison
+    from debugger.session import Session, SessionOptions
+    # a budget of 16 tokens: request 0's first decode step shares the long prompt's next chunk (gemm_tc), alone it
+    # is one row (gemv)
+    config = EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16, precision="fast",
+                          batch_invariant=False)
+    engine = LLMEngine(None, config, log=lambda message: None)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompts = ["The sun rose", "A small dog ran along the river bank while the old man watched it from the bridge"]
+    session = Session(engine, None, prompts, SessionOptions(params=params, record_rows=True))
+    session.divergence = AloneComparison()
+    app = DebuggerApp(session)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("c")
+        await app.workers.wait_for_complete()
+        while app.busy:
+            await pilot.pause(0.05)
+        await pilot.press("D")   # on request 0: the scheduler table's cursor row
+        await app.workers.wait_for_complete()
+        while app.busy:
+            await pilot.pause(0.05)
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
@@ -138,15 +171,18 @@ def main() -> None:
     shot.add_argument("--serve", action="store_true", help="serve --debug with two HTTP clients instead")
     shot.add_argument("--tour", action="store_true", help=f"the course's tour at its {TOUR_CHAPTER} chapter instead")
     shot.add_argument("--edit", action="store_true", help="a value edit of the logits, and the step it changed")
+    shot.add_argument("--divergence", action="store_true",
+                      help="the divergence view (D) of a request batched vs alone, fast plan, invariance off")
     parser.add_argument("--chapter", default=TOUR_CHAPTER, metavar="SLUG",
                         help="with --tour, the chapter to stop at (its file name without the number, e.g. "
                              "paged-attention)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-    out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else EDIT_OUT if args.edit else DEFAULT_OUT)
-    asyncio.run(take_serving(out) if args.serve else take_tour(out, args.chapter) if args.tour
-                else take_edit(out) if args.edit else take(out))
+    out = args.out or (SERVE_OUT if args.serve else TOUR_OUT if args.tour else EDIT_OUT if args.edit else
+                       DIVERGENCE_OUT if args.divergence else DEFAULT_OUT)
+    asyncio.run(take_serving(out) if args.serve else take_tour(out, args.chapter) if args.tour else
+                take_edit(out) if args.edit else take_divergence(out) if args.divergence else take(out))
     print(f"wrote {out}")
 
 

@@ -453,11 +453,11 @@ class ServerThread:
         self.sock.close()
 
 
-def serving_session(engine, model: str | None, goldens=None, max_waiting: int | None = None):
+def serving_session(engine, model: str | None, goldens=None, max_waiting: int | None = None, options=None):
     """A debugger Session whose feed is a SteppedEngineLoop on `engine` (no requests of its own)."""
     from debugger.session import Session
     feed = SteppedEngineLoop(engine, max_waiting=max_waiting, model=model)
-    session = Session(engine, goldens, initial_prompts=[])
+    session = Session(engine, goldens, initial_prompts=[], options=options)
     session.feed = feed
     return session, feed
 
@@ -468,12 +468,17 @@ def run(args) -> int:
     from tinyvllm.engine.args import build_engine
     from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
     from tinyvllm.serving.server import listen, served_model_name
+    from debugger.divergence import comparison_for
+    from debugger.session import SessionOptions
     if args.jsonl:
         raise TinyVLLMError("--debug serves HTTP; it does not go with --jsonl")
+    comparison = comparison_for(args)
     sock = listen(args.host, args.port)  # before the model loads: a busy port fails at once
     engine = build_engine(args, reference=True)
     goldens = Goldens.load(DEFAULT_GOLDENS) if args.model is None else None
-    session, feed = serving_session(engine, args.model, goldens, args.max_waiting)
+    session, feed = serving_session(engine, args.model, goldens, args.max_waiting,
+                                    SessionOptions(record_rows=comparison is not None))
+    session.divergence = comparison
     if args.record:
         feed.toggle_recording(args.record)
     model_name = served_model_name(args.model, args.served_model_name)
@@ -496,7 +501,7 @@ def run(args) -> int:
     return app.return_code or 0
 
 
-def replay_session(path: str, model: str | None = None, goldens=None):
+def replay_session(path: str, model: str | None = None, goldens=None, options=None):
     """(Session, ReplayFeed) for a recording: its model (or `model`) and engine configuration."""
     from debugger.session import Session
     from tinyvllm.engine.engine import LLMEngine
@@ -506,7 +511,7 @@ def replay_session(path: str, model: str | None = None, goldens=None):
     engine = LLMEngine(model or recording.header.get("model"), engine_config_for(recording),
                        log=lambda message: None)
     feed = ReplayFeed(recording, engine)
-    session = Session(engine, goldens, initial_prompts=[])
+    session = Session(engine, goldens, initial_prompts=[], options=options)
     session.feed = feed
     return session, feed
 
@@ -514,8 +519,12 @@ def replay_session(path: str, model: str | None = None, goldens=None):
 def run_debug_replay(args) -> int:
     from debugger.app import DebuggerApp
     from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
+    from debugger.divergence import comparison_for
+    from debugger.session import SessionOptions
     goldens = None if args.no_goldens or args.model else Goldens.load(args.goldens or DEFAULT_GOLDENS)
-    session, feed = replay_session(args.replay, args.model, goldens)
+    compares = bool(getattr(args, "compare_alone", False) or getattr(args, "against", None))
+    session, feed = replay_session(args.replay, args.model, goldens, SessionOptions(record_rows=compares))
+    session.divergence = comparison_for(args, session)
     app = DebuggerApp(session)
     app.run()
     if app.failure is not None:

@@ -12,6 +12,8 @@ positions this step computed (goldens hold prompt positions only, so decode step
 a pass). `view()` gives the UI an immutable snapshot, built on the thread that drives the engine.
 With SessionOptions.compare_precision a PrecisionShadow (precision_shadow.py) steps an engine of the other
 precision in lockstep and each StageRecord carries its difference; the stepped engine never sees it.
+With SessionOptions.record_rows (and with compare_precision) every stage's rows are kept by request and position
+(`session.rows`) for the divergence view (divergence.py: where two runs of a request part).
 
 `session.edit("row 0 = x * 0")` sets part of the current stage's output (value_edit.py) before the next stage
 reads it: the stage's record shows the edited values, its step's StepRecord and the timeline list the edit, and a
@@ -40,8 +42,9 @@ from tinyvllm.golden_check import DEFAULT_RTOL, Goldens, StageResult, compare_sc
 from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.runner.forward import stage_names
 
+from debugger.divergence import StageRows
 from debugger.precision_shadow import PrecisionDiff, PrecisionShadow
-from debugger.rows import as_rows
+from debugger.rows import as_rows, row_labels
 from debugger.value_edit import EditError, ValueEdit
 
 
@@ -369,6 +372,7 @@ class SessionOptions:
                                                                           ignore_eos=True))
     rtol: float = DEFAULT_RTOL
     compare_precision: bool = False   # step a shadow engine of the other precision in lockstep (PrecisionShadow)
+    record_rows: bool = False         # keep every stage's rows by request and position (divergence.StageRows)
 
 
 class Session:
@@ -386,6 +390,7 @@ class Session:
         self.breakpoints: list[Breakpoint] = []   # standing ones: continue_to_end and serve stop at any of them
         self.feed = None    # a source of requests stepped in by the session (serving: serve_debug.SteppedEngineLoop)
         self.recorder = None   # a serving.recording.Recorder of this session's own requests (record_to)
+        self.divergence = None   # what the D view compares a request with (a divergence.py Comparison), if anything
         self._closed = False
         self._start(engine)
 
@@ -402,6 +407,7 @@ class Session:
     def _start(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.shadow = PrecisionShadow(engine) if self.options.compare_precision else None
+        self.rows = StageRows() if self.options.record_rows or self.options.compare_precision else None
         self.num_layers = engine.model.config.num_hidden_layers
         self.step_index = 0
         self.stage_index = 0
@@ -641,6 +647,8 @@ class Session:
         self.current = StageRecord(self.step_index, self.stage_index, stage.name, stage.kernel, stage.layer,
                                    stage.seconds, values, TensorStats.of(values), golden,
                                    self._row_labels(as_rows(values).shape[0]), precision)
+        if self.rows is not None:
+            self.rows.observe(stage.name, stage.kernel, values, self.current.row_labels)
         self.timeline.append(TimelineEntry(self.step_index, stage.name, stage.kernel, stage.seconds))
         self.stage_index += 1
         self._stage = stage
@@ -685,15 +693,7 @@ class Session:
         self.timeline.append(TimelineEntry(self.step_index, "value edit", f"{edit.stage} {edit.select} = {edit.expr}"))
 
     def _row_labels(self, rows: int) -> tuple[str, ...]:
-        """"request:position" for each row of a stage's output: its token rows (every stage but logits), or
-        one row per sequence that samples (the logits, unless the step asked for all of them)."""
-        scheduled = self.engine.last_schedule.scheduled
-        tokens = [(s.seq.data.request_id, p) for s in scheduled for p in range(s.start, s.end)]
-        if rows != len(tokens):
-            tokens = [(s.seq.data.request_id, s.end - 1) for s in scheduled if s.samples]
-        if rows != len(tokens):
-            return ()
-        return tuple(f"{r}:{p}" for r, p in tokens)
+        return row_labels(self.engine.last_schedule, rows)
 
     def _compare(self, stage):
         if not self.goldens or (stage.name == "logits" and not self._all_logits):

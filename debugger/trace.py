@@ -51,7 +51,8 @@ def session_from_args(args, engine):
     except ValueError as e:
         raise TinyVLLMError(f"invalid --max-tokens: {e}") from e
     return Session(engine, goldens, prompts or None,
-                   SessionOptions(params=params, compare_precision=getattr(args, "compare_precision", False)))
+                   SessionOptions(params=params, compare_precision=getattr(args, "compare_precision", False),
+                                  record_rows=getattr(args, "compare_alone", False)))
 
 
 def list_stages(num_layers: int) -> str:

@@ -30,6 +30,10 @@ KEYS = (
     ("w", "start / stop recording the served session (JSONL, as serve --record; tinyvllm debug --replay FILE)"),
     ("v", "the replay report (tinyvllm debug --replay FILE): each finished request's tokens against the "
           "recorded answer"),
+    ("D", "where the picked request (the scheduler table's cursor row) parts from its other run: the first stage "
+          "and token that differ bit for bit, each stage's max abs / rel there, the top-1 / top-2 margins at the "
+          "first differing token; the other run is the request alone (--compare-alone), the other precision "
+          "(--compare-precision) or a second recording (--replay FILE --against FILE2)"),
     ("[ ]", "previous / next token row in the tensor inspector"),
     ("n", "the course's tour: run on to the next chapter's stage, its lesson beside the tensor panel (p: back one)"),
     ("L", "show / hide the lesson panel: the course's lesson about the stage you stopped at (page up / down "

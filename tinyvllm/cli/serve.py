@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
     s.add_argument("--debug", action="store_true",
                    help="step the server in the debugger: HTTP in the background, the engine paused until you "
                         "step it (s / l / d) or let it serve (c); w records the session")
+    s.add_argument("--compare-alone", action="store_true",
+                   help="with --debug: keep every stage's rows, so that D shows where a request's run parts from the "
+                        "same request run alone")
     j = p.add_argument_group("JSONL")
     j.add_argument("--jsonl", action="store_true", help="read requests from stdin, write results to stdout")
     j.add_argument("--stream", action="store_true", help="with --jsonl: also a line per token delta")
@@ -82,6 +85,8 @@ def run(args) -> int:
         raise TinyVLLMError("--max-waiting and --shutdown-timeout must be >= 0")
     if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
         raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
+    if args.compare_alone and not args.debug:
+        raise TinyVLLMError("--compare-alone is the debugger's: tinyvllm serve --debug --compare-alone")
     if args.debug:  # a debugger front end: loaded by its module path, as tinyvllm imports no debugger
         return load(SERVE_DEBUG).run(args)
     from tinyvllm.serving.engine_loop import EngineLoop
