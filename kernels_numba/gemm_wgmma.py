@@ -93,6 +93,8 @@ def gemm_wgmma_kernel(tile: WgmmaTile, route: str = "numba"):
             cp_async_16(b_tile, stage, kc * bn + row, 0, w, n0 + row if valid else 0, k if valid else 0,
                         16 if valid else 0)
 
+    # Not cached on disk: the two routes' kernels have the same cache key (the route is not in the closure), and
+    # route "ptx" installs its cubin by hand.
     @jit(cache=False)
     def kernel(x, w, out):
         smem = cuda.shared.array(0, np.uint16, alignment=SHARED_ALIGN)  # dynamic: tile.shared_bytes() at launch

@@ -22,7 +22,7 @@ wgmma fails in ptxas. The routes, in the order to try them (docs/wgmma.md):
    older), linked for sm_90a by numba's own linker (cuda.core's, nvJitLink or the driver), and the cubin installed
    in the kernel's code library before its first launch (`install_sm90a_cubin`), so the launch, argument packing
    included, stays numba's.
-3. Not implemented, in reserve: the wgmma in a PTX or CUDA C device function linked in (`cuda.jit(link=[...])` with
+3. Not implemented, in reserve: the wgmma in a PTX or CUDA C device function linked in (the jit's `link=[...]` with
    `cuda.declare_device`, or a `cuda.CUSource` that numba compiles through NVRTC for (9, 0, "a")), at the cost of
    passing the 32-64 accumulators through a call ABI; or the whole kernel as PTX loaded and launched through
    cuda.core (`Program(ptx, "ptx", ProgramOptions(arch="sm_90a"))`), packing numba's array arguments by hand.

@@ -1,0 +1,356 @@
+"""wgmma from numba on an H100/H200, in one command: compile, correctness, speed; every check in a child process of
+its own (a kernel that faults poisons its CUDA context, one that hangs is killed), each failure printed with its
+message, the next check run regardless, a summary last (exit status 1 if any check failed).
+
+    python scripts/wgmma_smoke.py                  # on the GPU: both routes (wgmma.py's docstring), then timing
+    python scripts/wgmma_smoke.py --routes numba   # one route
+    python scripts/wgmma_smoke.py --offline        # no GPU: PTX for sm_90a through both routes, ptxas on it
+
+Checks, per route ("numba": numba-cuda's own sm_90a target; "ptx": the PTX rewritten and linked here):
+- compile:ROUTE, the GEMM kernel compiled as it launches: the PTX's .target line, its wgmma instructions, and from
+  the SASS (nvdisasm, if numba finds it) HGMMA, cp.async (LDGSTS), local memory (LDL/STL), registers a thread.
+- single:ROUTE, one warpgroup, D = C + 2 A B.T with two wgmma m64n64k16 (A, B stored by plain stores): the
+  documented layout (LBO = the next 8 K, SBO = the next 8 rows); if that fails, the same with LBO and SBO swapped,
+  to tell a descriptor mix-up from a fragment-layout one.
+- gemm:ROUTE, gemm_wgmma against numpy at 3 shapes (64 x 64 x 32, 300 x 200 x 136 with partial tiles, and
+  4,096 x 2,048 x 2,048): max |err|, and PASS when within gemm_tc's bound K 2^-23 sum |x w|.
+- time, (first route that passed gemm): out = x @ W.T at M 4,096, N 2,048, K 2,048: gemm_wgmma at a few tiles,
+  gemm_tc (mma.sync) and torch.matmul in bf16 when torch imports (cuBLAS), as TFLOP/s (median of 20 launches).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+# (kernels_numba first: where there is no GPU it picks the simulator before numba is imported)
+from kernels_numba.common import SHARED_ALIGN, cuda, jit  # noqa: E402
+from kernels_numba.wgmma import (WARPGROUP, fence_proxy_async, matrix_descriptor, shared_address,  # noqa: E402
+                                 wgmma_bf16, wgmma_commit, wgmma_fence, wgmma_wait_group)
+
+SHAPES = [(64, 64, 32), (300, 200, 136), (4096, 2048, 2048)]
+TIME_SHAPE = (4096, 2048, 2048)
+CHILD_TIMEOUT_S = 300
+
+
+# ---- the checks (each runs in a child: `--check NAME`) ----
+
+def _bits(rng, shape):
+    import ml_dtypes
+    return rng.standard_normal(shape).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def _launch_route(kernel, args, route):
+    from kernels_numba.wgmma import install_sm90a_cubin
+    if route == "ptx":
+        install_sm90a_cubin(kernel, args)
+
+
+def check_env(route):
+    import numba
+    import numba_cuda
+    device = cuda.get_current_device()
+    print(f"device {device.name.decode() if isinstance(device.name, bytes) else device.name}, "
+          f"compute capability {device.compute_capability}")
+    print(f"numba {numba.__version__}, numba-cuda {getattr(numba_cuda, '__version__', '?')}, "
+          f"driver {cuda.cudadrv.driver.driver.get_version()}, runtime {cuda.runtime.get_version()}")
+    try:
+        from numba.cuda.cudadrv import nvvm
+        print(f"NVVM {nvvm.NVVM().get_version()}, IR {nvvm.NVVM().get_ir_version()}")
+    except Exception as e:  # noqa: BLE001 (informational)
+        print(f"NVVM version unknown: {e}")
+    try:
+        import torch
+        print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available {torch.cuda.is_available()}")
+    except Exception as e:  # noqa: BLE001
+        print(f"torch not importable: {e}")
+    return device.compute_capability >= (9, 0)
+
+
+def _count(sass, opcode):
+    return sum(1 for line in sass.splitlines() if re.search(rf"\b{opcode}\b", line))
+
+
+def check_compile(route):
+    from kernels_numba.gemm_wgmma import DEFAULT_TILE, gemm_wgmma_kernel
+    from kernels_numba.wgmma import kernel_ptx, ptx_target
+    kernel = gemm_wgmma_kernel(DEFAULT_TILE, route)
+    args = (cuda.to_device(np.zeros((64, 64), np.uint16)), cuda.to_device(np.zeros((128, 64), np.uint16)),
+            cuda.device_array((64, 128), np.float32))
+    started = time.perf_counter()
+    _launch_route(kernel, args, route)
+    ptx = kernel_ptx(kernel, args)
+    print(f"route {route}: compiled in {time.perf_counter() - started:.1f} s; PTX {ptx_target(ptx)}, "
+          f"{ptx.count('wgmma.mma_async')} wgmma.mma_async, {ptx.count('wgmma.fence')} wgmma.fence, "
+          f"{ptx.count('fence.proxy.async')} fence.proxy.async")
+    overload = kernel.overloads[tuple(kernel.typeof_pyval(a) for a in args)]
+    print(f"registers a thread {overload.regs_per_thread}, local memory a thread {overload.local_mem_per_thread} B")
+    ok = "wgmma.mma_async" in ptx and "sm_90a" in ptx_target(ptx)
+    try:
+        sass = overload.inspect_sass()
+        counts = {op: _count(sass, op) for op in ("HGMMA", "LDGSTS", "LDL", "STL", "WARPGROUP")}
+        print("SASS: " + ", ".join(f"{op} {n}" for op, n in counts.items()))
+        ok = ok and counts["HGMMA"] > 0
+    except Exception as e:  # noqa: BLE001 (nvdisasm missing: the PTX check stands)
+        print(f"SASS not read ({type(e).__name__}: {e})")
+    return ok
+
+
+def probe_kernel(n, leading_a, leading_b, stride):
+    """One warpgroup: D = C + 2 A B.T through two wgmma m64n{n}k16 (tests/test_wgmma.twice_kernel with the descriptor's
+    byte offsets given)."""
+    count = n // 2
+    mma, wait = wgmma_bf16(n), wgmma_wait_group(0, count)
+
+    @jit(cache=False)
+    def kernel(a, b, c, d):
+        a_tile = cuda.shared.array((2, 64, 8), np.uint16, alignment=SHARED_ALIGN)
+        b_tile = cuda.shared.array((2, n, 8), np.uint16, alignment=SHARED_ALIGN)
+        acc = cuda.local.array(count, np.float32)
+        tid = cuda.threadIdx.x
+        for i in range(tid, 64 * 16, WARPGROUP):
+            a_tile[(i % 16) // 8, i // 16, i % 8] = a[i // 16, i % 16]
+        for i in range(tid, n * 16, WARPGROUP):
+            b_tile[(i % 16) // 8, i // 16, i % 8] = b[i // 16, i % 16]
+        row0 = 16 * (tid // 32) + (tid % 32) // 4
+        col0 = 2 * (tid % 4)
+        for j in range(count):
+            acc[j] = c[row0 + 8 * ((j // 2) % 2), col0 + 8 * (j // 4) + j % 2]
+        fence_proxy_async()
+        cuda.syncthreads()
+        wgmma_fence()
+        desc_a = matrix_descriptor(shared_address(a_tile, 0, 0, 0), leading_a, stride)
+        desc_b = matrix_descriptor(shared_address(b_tile, 0, 0, 0), leading_b, stride)
+        mma(acc, desc_a, desc_b)
+        mma(acc, desc_a, desc_b)
+        wgmma_commit()
+        wait(acc)
+        for j in range(count):
+            d[row0 + 8 * ((j // 2) % 2), col0 + 8 * (j // 4) + j % 2] = acc[j]
+
+    return kernel
+
+
+def check_single(route):
+    from kernels_numba.wgmma import wgmma_ref
+    n = 64
+    rng = np.random.default_rng(1)
+    a, b = _bits(rng, (64, 16)), _bits(rng, (n, 16))
+    c = rng.standard_normal((64, n)).astype(np.float32)
+    want = wgmma_ref(a, b, wgmma_ref(a, b, c)).astype(np.float64)
+    passed = False
+    for name, (leading_a, leading_b, stride) in (("documented (LBO = next 8 K, SBO = next 8 rows)", (1024, 1024, 128)),
+                                                  ("LBO and SBO swapped", (128, 128, 1024))):
+        d = cuda.to_device(np.full((64, n), np.nan, np.float32))
+        args = (cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), d)
+        kernel = probe_kernel(n, leading_a, leading_b, stride)
+        _launch_route(kernel, args, route)
+        kernel[1, 128](*args)
+        cuda.synchronize()
+        got = d.copy_to_host().astype(np.float64)
+        err = np.abs(got - want)
+        ok = bool(np.isfinite(got).all() and err.max() <= 1e-3 * np.abs(want).max())
+        print(f"{name}: max |err| {np.nanmax(err):.3g} (|D| up to {np.abs(want).max():.3g}), "
+              f"unwritten {int(np.isnan(got).sum())}: {'PASS' if ok else 'FAIL'}")
+        if not ok:
+            bad = np.argwhere(~(err <= 1e-3 * np.abs(want).max()))[:4]
+            print("  first mismatches (row, col, got, want): "
+                  + "; ".join(f"({r}, {col}, {got[r, col]:.4g}, {want[r, col]:.4g})" for r, col in bad))
+        passed = passed or (ok and name.startswith("documented"))
+        if ok:
+            break
+    return passed
+
+
+def check_gemm(route, shapes=SHAPES):
+    import ml_dtypes
+    from kernels_numba.gemm_wgmma import DEFAULT_TILE, gemm_wgmma, gemm_wgmma_ref
+    rng = np.random.default_rng(2)
+    all_ok = True
+    for m, n, k in shapes:
+        try:
+            x, w = _bits(rng, (m, k)), _bits(rng, (n, k))
+            out = cuda.to_device(np.full((m, n), np.nan, np.float32))
+            gemm_wgmma(cuda.to_device(x), cuda.to_device(w), out, tile=DEFAULT_TILE, route=route)
+            cuda.synchronize()
+            got = out.copy_to_host().astype(np.float64)
+            x64, w64 = (v.view(ml_dtypes.bfloat16).astype(np.float64) for v in (x, w))
+            ref = gemm_wgmma_ref(x, w).astype(np.float64)
+            bound = k * 2.0**-23 * (np.abs(x64) @ np.abs(w64).T)
+            err = np.abs(got - ref)
+            ok = bool(np.isfinite(got).all() and (err <= bound + 1e-30).all())
+            print(f"{m} x {n} x {k}: max |err| {np.nanmax(err):.3g}, worst err / bound {np.nanmax(err / bound):.3g}, "
+                  f"unwritten {int(np.isnan(got).sum())}: {'PASS' if ok else 'FAIL'}")
+        except Exception:  # noqa: BLE001 (the next shape still runs)
+            print(f"{m} x {n} x {k}: FAIL\n{traceback.format_exc(limit=4)}")
+            ok = False
+        all_ok = all_ok and ok
+    return all_ok
+
+
+def _median_ms(launch, repeats=20):
+    launch()
+    cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return sorted(times)[len(times) // 2]
+
+
+def check_time(route):
+    from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma
+    m, n, k = TIME_SHAPE
+    flops = 2 * m * n * k
+    rng = np.random.default_rng(3)
+    x, w = cuda.to_device(_bits(rng, (m, k))), cuda.to_device(_bits(rng, (n, k)))
+    out = cuda.device_array((m, n), np.float32)
+    print(f"out = x @ W.T, M {m}, N {n}, K {k} ({flops / 1e9:.1f} GFLOP), median of 20 launches:")
+    for tile in (WgmmaTile(128, 64, 2), WgmmaTile(128, 64, 3), WgmmaTile(256, 64, 2), WgmmaTile(64, 64, 4)):
+        try:
+            ms = _median_ms(lambda: gemm_wgmma(x, w, out, tile=tile, route=route))
+            print(f"  gemm_wgmma {tile}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+        except Exception as e:  # noqa: BLE001
+            print(f"  gemm_wgmma {tile}: FAIL {type(e).__name__}: {e}")
+    try:
+        from kernels_numba.gemm_tc import gemm_tc, tile_for
+        tile = tile_for(m, n)
+        ms = _median_ms(lambda: gemm_tc(x, w, out, tile=tile))
+        print(f"  gemm_tc (mma.sync) {tile}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+    except Exception as e:  # noqa: BLE001
+        print(f"  gemm_tc: FAIL {type(e).__name__}: {e}")
+    try:
+        import torch
+        xt = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            torch.matmul(xt, wt.T)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.matmul(xt, wt.T)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        print(f"  torch.matmul bf16 (cuBLAS, bf16 out): {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+    except Exception as e:  # noqa: BLE001
+        print(f"  torch.matmul: not timed ({type(e).__name__}: {e})")
+    return True
+
+
+CHECKS = {"env": check_env, "compile": check_compile, "single": check_single, "gemm": check_gemm, "time": check_time}
+
+
+def run_child(name: str, route: str) -> bool:
+    """One check in a fresh process; its output printed as it comes; True if it passed."""
+    print(f"\n==== {name}:{route} ====", flush=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--check", name, "--route", route]
+    try:
+        done = subprocess.run(command, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        print(f"{name}:{route}: FAIL, no answer in {CHILD_TIMEOUT_S} s (killed)")
+        return False
+    return done.returncode == 0
+
+
+def child(name: str, route: str) -> int:
+    try:
+        ok = CHECKS[name](route)
+    except Exception:  # noqa: BLE001 (printed whole: the GPU run must say what broke)
+        traceback.print_exc()
+        ok = False
+    print(f"{name}:{route}: {'PASS' if ok else 'FAIL'}", flush=True)
+    return 0 if ok else 1
+
+
+# ---- without a GPU ----
+
+def offline(routes) -> int:
+    """PTX for sm_90a through each route, assembled by ptxas (on PATH or TINYVLLM_PTXAS): no driver needed."""
+    from numba import types
+    import numba.cuda.dispatcher as dispatcher
+    from kernels_numba.gemm_wgmma import DEFAULT_TILE, gemm_wgmma_kernel
+    from kernels_numba.wgmma import ptx_target, sm90a_ptx
+
+    class Hopper:
+        compute_capability = (9, 0)
+    dispatcher.get_current_device = lambda: Hopper()  # device functions ask the current device for its capability
+    ptxas = os.environ.get("TINYVLLM_PTXAS") or shutil.which("ptxas")
+    signature = (types.Array(types.uint16, 2, "C"), types.Array(types.uint16, 2, "C"),
+                 types.Array(types.float32, 2, "C"))
+    failures = 0
+    for route in routes:
+        kernel = gemm_wgmma_kernel(DEFAULT_TILE, route)
+        if route == "numba":
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0, "a"))
+        else:
+            ptx = sm90a_ptx(cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))[0])
+        line = f"{route}: PTX {ptx_target(ptx)}, {ptx.count('wgmma.mma_async')} wgmma.mma_async"
+        if ptxas:
+            with tempfile.TemporaryDirectory() as folder:
+                Path(folder, "k.ptx").write_text(ptx)
+                done = subprocess.run([ptxas, "-v", "-arch=sm_90a", f"{folder}/k.ptx", "-o", f"{folder}/k.cubin"],
+                                      capture_output=True, text=True)
+            registers = re.search(r"Used (\d+) registers", done.stderr)
+            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+            warnings = [w for w in done.stderr.splitlines() if "warning" in w.lower()]
+            line += (f"; ptxas {'OK' if done.returncode == 0 else 'FAILED'}: "
+                     f"{registers.group(1) if registers else '?'} registers, "
+                     f"{frame.group(0) if frame else '?'}" + "".join(f"\n  {w}" for w in warnings))
+            if done.returncode:
+                line += "\n" + done.stderr[-2000:]
+                failures += 1
+        else:
+            line += "; no ptxas (PATH or TINYVLLM_PTXAS): not assembled"
+        print(line, flush=True)
+    return 1 if failures else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--routes", default="numba,ptx", help="comma-separated: numba, ptx (default both)")
+    parser.add_argument("--offline", action="store_true", help="no GPU: compile to PTX for sm_90a and run ptxas")
+    parser.add_argument("--check", choices=sorted(CHECKS), help=argparse.SUPPRESS)
+    parser.add_argument("--route", default="numba", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    routes = [r for r in args.routes.split(",") if r]
+    if args.check:
+        return child(args.check, args.route)
+    if args.offline:
+        return offline(routes)
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        sys.exit("wgmma_smoke: unset NUMBA_ENABLE_CUDASIM (it runs on the GPU; --offline compiles without one)")
+    results = {"env": run_child("env", routes[0])}
+    for route in routes:
+        for name in ("compile", "single", "gemm"):
+            results[f"{name}:{route}"] = run_child(name, route)
+    timed = next((r for r in routes if results.get(f"gemm:{r}")), None)
+    if timed:
+        results[f"time:{timed}"] = run_child("time", timed)
+    else:
+        print("\n==== time: skipped (no route passed gemm) ====")
+    print("\n==== summary ====")
+    for name, ok in results.items():
+        print(f"{name}: {'PASS' if ok else 'FAIL'}")
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
