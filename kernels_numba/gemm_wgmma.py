@@ -28,7 +28,7 @@ import numpy as np
 from .common import SHARED_ALIGN, cdiv, cuda, device_empty, jit, launch_with_shared, SIMULATOR
 from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, shared_view
 from .wgmma import (CORE_MATRIX_BYTES, CORE_ROW_BYTES, WARPGROUP, WGMMA_K, check_n, fence_proxy_async,
-                    install_sm90a_cubin, matrix_descriptor, shared_address, wgmma_bf16, wgmma_commit, wgmma_fence,
+                    compile_through_ptx_rewrite, matrix_descriptor, shared_address, wgmma_bf16, wgmma_commit, wgmma_fence,
                     wgmma_route, wgmma_wait_group)
 
 BLOCK_M = 64  # one m64 wgmma a block
@@ -56,8 +56,8 @@ SIMULATOR_TILE = WgmmaTile(64, 16, 2)
 
 @functools.cache
 def gemm_wgmma_kernel(tile: WgmmaTile, route: str = "numba"):
-    """The kernel for one tile (every size a compile-time constant). One per route: route "ptx" installs its own
-    cubin on first launch (wgmma.install_sm90a_cubin), so it must not share numba's compiled overloads."""
+    """The kernel for one tile (every size a compile-time constant). One per route: route "ptx" compiles its
+    overloads from rewritten PTX (wgmma.compile_through_ptx_rewrite), so they must not be numba's plain ones."""
     tile.check()
     bn, bk, stages = tile.block_n, tile.block_k, tile.stages
     chunks_per_row = bk // CHUNK
@@ -93,8 +93,7 @@ def gemm_wgmma_kernel(tile: WgmmaTile, route: str = "numba"):
             cp_async_16(b_tile, stage, kc * bn + row, 0, w, n0 + row if valid else 0, k if valid else 0,
                         16 if valid else 0)
 
-    # Not cached on disk: the two routes' kernels have the same cache key (the route is not in the closure), and
-    # route "ptx" installs its cubin by hand.
+    # Not cached on disk: the two routes' kernels have the same cache key (the route is not in the closure).
     @jit(cache=False)
     def kernel(x, w, out):
         smem = cuda.shared.array(0, np.uint16, alignment=SHARED_ALIGN)  # dynamic: tile.shared_bytes() at launch
@@ -162,7 +161,7 @@ def gemm_wgmma(x_bits, w_bits, out=None, tile: WgmmaTile | None = None, route: s
     kernel = gemm_wgmma_kernel(tile, "numba" if SIMULATOR else route)
     args = (x_bits, w_bits, out)
     if route == "ptx" and not SIMULATOR:
-        install_sm90a_cubin(kernel, args)
+        compile_through_ptx_rewrite(kernel, args)
     grid = (cdiv(out_features, tile.block_n), cdiv(num_tokens, BLOCK_M))
     launch_with_shared(kernel, grid, WARPGROUP, tile.shared_bytes(), *args)
     return out

@@ -16,12 +16,12 @@ wgmma fails in ptxas. The routes, in the order to try them (docs/wgmma.md):
    without a GPU (the offline check of scripts/wgmma_smoke.py). Careful: `dispatcher.inspect_asm()` passes the
    device's (9, 0) without the suffix and so shows PTX for `sm_90`, not what runs; `kernel_ptx` below asks for the
    launched one.
-2. "ptx" (TINYVLLM_WGMMA_ROUTE=ptx): for a numba-cuda or NVVM that cannot target compute_90a. The kernel is
-   compiled for plain compute_90 (numba's FORCE_CUDA_CC held at (9, 0) meanwhile; NVVM passes inline assembly
-   through unread), its PTX rewritten to `.target sm_90a` (and `.version` raised to 8.0, wgmma's PTX ISA, where
-   older), linked for sm_90a by numba's own linker (cuda.core's, nvJitLink or the driver), and the cubin installed
-   in the kernel's code library before its first launch (`install_sm90a_cubin`), so the launch, argument packing
-   included, stays numba's.
+2. "ptx" (TINYVLLM_WGMMA_ROUTE=ptx): for an NVVM that cannot target compute_90a. The kernel is compiled for plain
+   compute_90 (numba's FORCE_CUDA_CC held at (9, 0) meanwhile; NVVM passes inline assembly through unread), and its
+   PTX rewritten to `.target sm_90a` (and `.version` raised to 8.0, wgmma's PTX ISA, where older) before numba's
+   own link assembles it for the device's sm_90a (`ptx_rewritten_for_sm90a`, `compile_through_ptx_rewrite`: the
+   launch, argument packing included, stays numba's). It leans on numba-cuda 0.30's code library (get_asm_strs,
+   _ptx_cache, _ensure_cc) and on its linker taking the "a" from the device.
 3. Not implemented, in reserve: the wgmma in a PTX or CUDA C device function linked in (the jit's `link=[...]` with
    `cuda.declare_device`, or a `cuda.CUSource` that numba compiles through NVRTC for (9, 0, "a")), at the cost of
    passing the 32-64 accumulators through a call ABI; or the whole kernel as PTX loaded and launched through
@@ -76,6 +76,7 @@ too.
 """
 import functools
 import os
+from contextlib import contextmanager
 import re
 import threading
 
@@ -383,27 +384,38 @@ def sm90a_ptx(ptx: str) -> str:
     return ptx
 
 
-def install_sm90a_cubin(kernel, args) -> str:
-    """Route "ptx": compile `kernel` for these arguments for compute_90, rewrite its PTX for sm_90a, link it and put
-    the cubin where numba's launch looks for it. Returns the PTX that was linked. GPU only."""
+@contextmanager
+def ptx_rewritten_for_sm90a():
+    """Route "ptx", while it lasts: NVVM compiles for plain compute_90 (numba's FORCE_CUDA_CC held at (9, 0)), and every
+    PTX a code library makes (CUDACodeLibrary.get_asm_strs, which its linking reads too) is rewritten by sm90a_ptx
+    and kept so in its cache, so numba's own link assembles it for the device's sm_90a. Not thread-safe (it patches
+    numba-cuda 0.30's class for the duration): compile nothing else meanwhile."""
     from numba.cuda import config
-    from numba.cuda.cudadrv.driver import _Linker
+    from numba.cuda.codegen import CUDACodeLibrary
 
-    signature = tuple(kernel.typeof_pyval(a) for a in args)
+    original = CUDACodeLibrary.get_asm_strs
+
+    def rewritten(library, cc=None):
+        ptxes = [sm90a_ptx(ptx) for ptx in original(library, cc=cc)]
+        library._ptx_cache[library._ensure_cc(cc)] = ptxes
+        return ptxes
+
     held = config.FORCE_CUDA_CC
-    config.FORCE_CUDA_CC = (9, 0)  # NVVM's -arch: plain compute_90 (get_arch_option reads it)
+    config.FORCE_CUDA_CC = (9, 0)  # NVVM's -arch (nvrtc.get_arch_option reads it): compute_90, no "a"
+    CUDACodeLibrary.get_asm_strs = rewritten
     try:
-        overload = kernel.compile(signature)
-        library = overload._codelibrary
-        ptx = sm90a_ptx(library.get_asm_str())
+        yield
     finally:
+        CUDACodeLibrary.get_asm_strs = original
         config.FORCE_CUDA_CC = held
-    key = library._ensure_cc(None)  # the capability get_cufunc() asks get_cubin() for
-    if key not in library._cubin_cache:
-        linker = _Linker(max_registers=library._max_registers, cc=(9, 0, "a"))
-        linker.add_ptx(ptx.encode(), name="wgmma-sm90a.ptx")
-        library._cubin_cache[key] = linker.complete()  # (what get_cubin() stores: the linker's result)
-    return ptx
+
+
+def compile_through_ptx_rewrite(kernel, args):
+    """Route "ptx": compile (and load) `kernel` for these arguments with its PTX rewritten for sm_90a, before its
+    first launch, which then finds the overload compiled. GPU only."""
+    signature = tuple(kernel.typeof_pyval(a) for a in args)
+    with ptx_rewritten_for_sm90a():
+        return kernel.compile(signature)
 
 
 def kernel_ptx(kernel, args) -> str:

@@ -51,9 +51,9 @@ def _bits(rng, shape):
 
 
 def _launch_route(kernel, args, route):
-    from kernels_numba.wgmma import install_sm90a_cubin
+    from kernels_numba.wgmma import compile_through_ptx_rewrite
     if route == "ptx":
-        install_sm90a_cubin(kernel, args)
+        compile_through_ptx_rewrite(kernel, args)
 
 
 def check_env(route):
@@ -283,42 +283,63 @@ def child(name: str, route: str) -> int:
 # ---- without a GPU ----
 
 def offline(routes) -> int:
-    """PTX for sm_90a through each route, assembled by ptxas (on PATH or TINYVLLM_PTXAS): no driver needed."""
+    """Each route's compile as on an H200, without one: numba told the device is 9.0 (and, as 0.30 does there, to link
+    for sm_90a), the kernel's PTX made, ptxas -v on it (registers, spills; on PATH or TINYVLLM_PTXAS), then numba's own
+    link of it to a cubin (nvJitLink: a pip nvidia-nvjitlink's lib folder on LD_LIBRARY_PATH) and its SASS counted
+    (nvdisasm on PATH or TINYVLLM_NVDISASM). Also needs an NVRTC library numba loads (pip nvidia-cuda-nvrtc)."""
+    import contextlib
     from numba import types
     import numba.cuda.dispatcher as dispatcher
+    from numba.cuda import codegen
     from kernels_numba.gemm_wgmma import DEFAULT_TILE, gemm_wgmma_kernel
-    from kernels_numba.wgmma import ptx_target, sm90a_ptx
+    from kernels_numba.wgmma import ptx_rewritten_for_sm90a, ptx_target
 
     class Hopper:
         compute_capability = (9, 0)
     dispatcher.get_current_device = lambda: Hopper()  # device functions ask the current device for its capability
+    codegen.CUDACodeLibrary._ensure_cc = lambda library, cc: cc if cc is not None else (9, 0, "a")  # the H200's
     ptxas = os.environ.get("TINYVLLM_PTXAS") or shutil.which("ptxas")
-    signature = (types.Array(types.uint16, 2, "C"), types.Array(types.uint16, 2, "C"),
-                 types.Array(types.float32, 2, "C"))
+    nvdisasm = os.environ.get("TINYVLLM_NVDISASM") or shutil.which("nvdisasm")
+    argtypes = (types.Array(types.uint16, 2, "C"), types.Array(types.uint16, 2, "C"),
+                types.Array(types.float32, 2, "C"))
     failures = 0
     for route in routes:
         kernel = gemm_wgmma_kernel(DEFAULT_TILE, route)
-        if route == "numba":
-            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0, "a"))
-        else:
-            ptx = sm90a_ptx(cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))[0])
+        with ptx_rewritten_for_sm90a() if route == "ptx" else contextlib.nullcontext():
+            library = dispatcher._Kernel(kernel.py_func, argtypes, **kernel.targetoptions)._codelibrary
+            ptx = library.get_asm_str()
+            try:
+                cubin = bytes(library.get_cubin().code)
+            except Exception as e:  # noqa: BLE001 (no linker here: ptxas below still assembles it)
+                cubin = None
+                link_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         line = f"{route}: PTX {ptx_target(ptx)}, {ptx.count('wgmma.mma_async')} wgmma.mma_async"
-        if ptxas:
-            with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as folder:
+            if ptxas:
                 Path(folder, "k.ptx").write_text(ptx)
-                done = subprocess.run([ptxas, "-v", "-arch=sm_90a", f"{folder}/k.ptx", "-o", f"{folder}/k.cubin"],
+                done = subprocess.run([ptxas, "-v", "-arch=sm_90a", f"{folder}/k.ptx", "-o", f"{folder}/p.cubin"],
                                       capture_output=True, text=True)
-            registers = re.search(r"Used (\d+) registers", done.stderr)
-            frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
-            warnings = [w for w in done.stderr.splitlines() if "warning" in w.lower()]
-            line += (f"; ptxas {'OK' if done.returncode == 0 else 'FAILED'}: "
-                     f"{registers.group(1) if registers else '?'} registers, "
-                     f"{frame.group(0) if frame else '?'}" + "".join(f"\n  {w}" for w in warnings))
-            if done.returncode:
-                line += "\n" + done.stderr[-2000:]
-                failures += 1
-        else:
-            line += "; no ptxas (PATH or TINYVLLM_PTXAS): not assembled"
+                registers = re.search(r"Used (\d+) registers", done.stderr)
+                frame = re.search(r"\d+ bytes stack frame, \d+ bytes spill stores, \d+ bytes spill loads", done.stderr)
+                warnings = [w for w in done.stderr.splitlines() if "warning" in w.lower()]
+                line += (f"; ptxas {'OK' if done.returncode == 0 else 'FAILED'}: "
+                         f"{registers.group(1) if registers else '?'} registers, {frame.group(0) if frame else '?'}"
+                         + "".join(f"\n  {w}" for w in warnings))
+                if done.returncode:
+                    line += "\n" + done.stderr[-2000:]
+                    failures += 1
+            else:
+                line += "; no ptxas (PATH or TINYVLLM_PTXAS)"
+            if cubin is None:
+                line += f"; numba's link: not here ({link_error})"
+            elif nvdisasm:
+                Path(folder, "k.cubin").write_bytes(cubin)
+                sass = subprocess.run([nvdisasm, "-c", f"{folder}/k.cubin"], capture_output=True, text=True).stdout
+                counts = {op: _count(sass, op) for op in ("HGMMA", "LDGSTS", "LDL", "STL")}
+                line += "; numba's link: SASS " + ", ".join(f"{op} {n}" for op, n in counts.items())
+                failures += counts["HGMMA"] == 0
+            else:
+                line += f"; numba's link: a {len(cubin)}-byte cubin (no nvdisasm for its SASS)"
         print(line, flush=True)
     return 1 if failures else 0
 
