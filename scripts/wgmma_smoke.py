@@ -4,9 +4,10 @@ message, the next check run regardless, a summary last (exit status 1 if any che
 
     python scripts/wgmma_smoke.py                  # on the GPU: both routes (wgmma.py's docstring), then timing
     python scripts/wgmma_smoke.py --routes numba   # one route
-    python scripts/wgmma_smoke.py --offline        # no GPU: PTX for sm_90a through both routes, ptxas on it
+    python scripts/wgmma_smoke.py --offline        # no GPU: both routes' PTX, ptxas, numba's link and SASS
 
-Checks, per route ("numba": numba-cuda's own sm_90a target; "ptx": the PTX rewritten and linked here):
+Checks, per route ("numba": numba-cuda's own sm_90a target; "ptx": the PTX rewritten for sm_90a inside numba's
+compile; both in kernels_numba/wgmma.py's docstring and docs/wgmma.md):
 - compile:ROUTE, the GEMM kernel compiled as it launches: the PTX's .target line, its wgmma instructions, and from
   the SASS (nvdisasm, if numba finds it) HGMMA, cp.async (LDGSTS), local memory (LDL/STL), registers a thread.
 - single:ROUTE, one warpgroup, D = C + 2 A B.T with two wgmma m64n64k16 (A, B stored by plain stores): the
@@ -14,8 +15,11 @@ Checks, per route ("numba": numba-cuda's own sm_90a target; "ptx": the PTX rewri
   to tell a descriptor mix-up from a fragment-layout one.
 - gemm:ROUTE, gemm_wgmma against numpy at 3 shapes (64 x 64 x 32, 300 x 200 x 136 with partial tiles, and
   4,096 x 2,048 x 2,048): max |err|, and PASS when within gemm_tc's bound K 2^-23 sum |x w|.
-- time, (first route that passed gemm): out = x @ W.T at M 4,096, N 2,048, K 2,048: gemm_wgmma at a few tiles,
-  gemm_tc (mma.sync) and torch.matmul in bf16 when torch imports (cuBLAS), as TFLOP/s (median of 20 launches).
+- time (first route that passed gemm): out = x @ W.T at M 4,096, N 2,048, K 2,048: gemm_wgmma at a few tiles,
+  gemm_tc (mma.sync) and torch.matmul in bf16 when torch imports (cuBLAS), as TFLOP/s (median of 7 batches
+  of 10 back-to-back launches).
+- pytest, last: `TINYVLLM_TEST_GPU=1 pytest tests/test_wgmma.py` (wgmma at n 8-256, the GEMM at 5 shapes and tiles,
+  the ptx route once). Checks stop being started once --budget-s (540 s) is spent.
 """
 import argparse
 import os
@@ -198,18 +202,26 @@ def check_gemm(route, shapes=SHAPES):
     return all_ok
 
 
-def _median_ms(launch, repeats=20):
+def _median_ms(launch, record, synchronize, batches=7, per_batch=10):
+    """Milliseconds a launch, the median over `batches` of `per_batch` back-to-back launches between two events (a
+    batch keeps the GPU's queue ahead of the host's per-launch cost). record() -> an event recorded now."""
     launch()
-    cuda.synchronize()
+    synchronize()
     times = []
-    for _ in range(repeats):
-        start, end = cuda.event(), cuda.event()
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(start, end))
+    for _ in range(batches):
+        start = record()
+        for _ in range(per_batch):
+            launch()
+        end = record()
+        synchronize()
+        times.append(start.elapsed_time(end) / per_batch)
     return sorted(times)[len(times) // 2]
+
+
+def _numba_event():
+    event = cuda.event()
+    event.record()
+    return event
 
 
 def check_time(route):
@@ -219,53 +231,60 @@ def check_time(route):
     rng = np.random.default_rng(3)
     x, w = cuda.to_device(_bits(rng, (m, k))), cuda.to_device(_bits(rng, (n, k)))
     out = cuda.device_array((m, n), np.float32)
-    print(f"out = x @ W.T, M {m}, N {n}, K {k} ({flops / 1e9:.1f} GFLOP), median of 20 launches:")
-    for tile in (WgmmaTile(128, 64, 2), WgmmaTile(128, 64, 3), WgmmaTile(256, 64, 2), WgmmaTile(64, 64, 4)):
+    print(f"out = x @ W.T, M {m}, N {n}, K {k} ({flops / 1e9:.1f} GFLOP), median of 7 batches of 10 launches:")
+    results = {}
+
+    def report(name, launch, record=_numba_event, synchronize=cuda.synchronize):
         try:
-            ms = _median_ms(lambda: gemm_wgmma(x, w, out, tile=tile, route=route))
-            print(f"  gemm_wgmma {tile}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
-        except Exception as e:  # noqa: BLE001
-            print(f"  gemm_wgmma {tile}: FAIL {type(e).__name__}: {e}")
+            ms = _median_ms(launch, record, synchronize)
+            results[name] = flops / ms / 1e9
+            print(f"  {name}: {ms:.3f} ms, {results[name]:.0f} TFLOP/s", flush=True)
+        except Exception as e:  # noqa: BLE001 (the next one still runs)
+            print(f"  {name}: FAIL {type(e).__name__}: {e}", flush=True)
+
+    for tile in (WgmmaTile(128, 64, 2), WgmmaTile(128, 64, 3), WgmmaTile(256, 64, 2), WgmmaTile(64, 64, 4)):
+        report(f"gemm_wgmma {tile}", lambda tile=tile: gemm_wgmma(x, w, out, tile=tile, route=route))
     try:
         from kernels_numba.gemm_tc import gemm_tc, tile_for
-        tile = tile_for(m, n)
-        ms = _median_ms(lambda: gemm_tc(x, w, out, tile=tile))
-        print(f"  gemm_tc (mma.sync) {tile}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+        tc_tile = tile_for(m, n)
+        report(f"gemm_tc (mma.sync) {tc_tile}", lambda: gemm_tc(x, w, out, tile=tc_tile))
     except Exception as e:  # noqa: BLE001
         print(f"  gemm_tc: FAIL {type(e).__name__}: {e}")
     try:
         import torch
         xt = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        for _ in range(3):
-            torch.matmul(xt, wt.T)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.matmul(xt, wt.T)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        ms = sorted(times)[len(times) // 2]
-        print(f"  torch.matmul bf16 (cuBLAS, bf16 out): {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
+
+        def torch_event():
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        report("torch.matmul bf16 (cuBLAS, bf16 out)", lambda: torch.matmul(xt, wt.T), torch_event,
+               torch.cuda.synchronize)
     except Exception as e:  # noqa: BLE001
         print(f"  torch.matmul: not timed ({type(e).__name__}: {e})")
+    best = max((v for name, v in results.items() if name.startswith("gemm_wgmma")), default=None)
+    cublas = next((v for name, v in results.items() if name.startswith("torch")), None)
+    if best and cublas:
+        print(f"  best gemm_wgmma / cuBLAS: {best / cublas:.2f}")
     return True
 
 
 CHECKS = {"env": check_env, "compile": check_compile, "single": check_single, "gemm": check_gemm, "time": check_time}
 
 
-def run_child(name: str, route: str) -> bool:
+def run_child(name: str, route: str, timeout_s: float) -> bool:
     """One check in a fresh process; its output printed as it comes; True if it passed."""
     print(f"\n==== {name}:{route} ====", flush=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--check", name, "--route", route]
+    return _run(command, timeout_s, f"{name}:{route}")
+
+
+def _run(command, timeout_s: float, label: str, env=None) -> bool:
     try:
-        done = subprocess.run(command, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
+        done = subprocess.run(command, timeout=timeout_s, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
-        print(f"{name}:{route}: FAIL, no answer in {CHILD_TIMEOUT_S} s (killed)")
+        print(f"{label}: FAIL, no answer in {timeout_s:.0f} s (killed)", flush=True)
         return False
     return done.returncode == 0
 
@@ -347,7 +366,11 @@ def offline(routes) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--routes", default="numba,ptx", help="comma-separated: numba, ptx (default both)")
-    parser.add_argument("--offline", action="store_true", help="no GPU: compile to PTX for sm_90a and run ptxas")
+    parser.add_argument("--offline", action="store_true",
+                        help="no GPU: each route's PTX for sm_90a, ptxas on it, numba's link and its SASS where found")
+    parser.add_argument("--budget-s", type=float, default=540,
+                        help="stop starting checks this many seconds in (default 540: one 10-minute device call)")
+    parser.add_argument("--no-pytest", action="store_true", help="skip the GPU run of tests/test_wgmma.py (last)")
     parser.add_argument("--check", choices=sorted(CHECKS), help=argparse.SUPPRESS)
     parser.add_argument("--route", default="numba", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -358,15 +381,32 @@ def main() -> int:
         return offline(routes)
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         sys.exit("wgmma_smoke: unset NUMBA_ENABLE_CUDASIM (it runs on the GPU; --offline compiles without one)")
-    results = {"env": run_child("env", routes[0])}
+    deadline = time.monotonic() + args.budget_s
+    results = {}
+
+    def step(label, run):
+        left = deadline - time.monotonic()
+        if left < 20:
+            print(f"\n==== {label}: skipped (the --budget-s of {args.budget_s} s is spent) ====")
+            results[label] = False
+            return
+        results[label] = run(min(CHILD_TIMEOUT_S, left))
+
+    step("env", lambda t: run_child("env", routes[0], t))
     for route in routes:
         for name in ("compile", "single", "gemm"):
-            results[f"{name}:{route}"] = run_child(name, route)
+            step(f"{name}:{route}", lambda t, name=name, route=route: run_child(name, route, t))
     timed = next((r for r in routes if results.get(f"gemm:{r}")), None)
     if timed:
-        results[f"time:{timed}"] = run_child("time", timed)
+        step(f"time:{timed}", lambda t: run_child("time", timed, t))
     else:
         print("\n==== time: skipped (no route passed gemm) ====")
+    if not args.no_pytest:
+        def pytest(t):
+            print("\n==== pytest: TINYVLLM_TEST_GPU=1 tests/test_wgmma.py ====", flush=True)
+            return _run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "tests/test_wgmma.py"],
+                        t, "pytest", env={**os.environ, "TINYVLLM_TEST_GPU": "1"})
+        step("pytest tests/test_wgmma.py", pytest)
     print("\n==== summary ====")
     for name, ok in results.items():
         print(f"{name}: {'PASS' if ok else 'FAIL'}")
