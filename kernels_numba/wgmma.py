@@ -24,7 +24,7 @@ wgmma fails in ptxas. The routes, in the order to try them (docs/wgmma.md):
    _ptx_cache, _ensure_cc) and on its linker taking the "a" from the device.
 3. Not implemented, in reserve: the wgmma in a PTX or CUDA C device function linked in (the jit's `link=[...]` with
    `cuda.declare_device`, or a `cuda.CUSource` that numba compiles through NVRTC for (9, 0, "a")), at the cost of
-   passing the 32-64 accumulators through a call ABI; or the whole kernel as PTX loaded and launched through
+   passing the N / 2 accumulators through a call ABI; or the whole kernel as PTX loaded and launched through
    cuda.core (`Program(ptx, "ptx", ProgramOptions(arch="sm_90a"))`), packing numba's array arguments by hand.
 
 The instructions, each an `@intrinsic` emitting inline PTX like mma.py's:
