@@ -276,19 +276,20 @@ if not SIMULATOR:
 
 else:
     class _WarpMeeting:
-        """Where the 32 simulated lanes of one warp meet at a warp-collective op. Each lane leaves its operands
-        in `operands[phase][lane]` and waits until all 32 have; then it may read everyone's. Two phases, each
-        lane alternating: a lane can rewrite a phase's slots only after the next op's barrier, which every
-        lane reaches after it has finished reading them. `results[phase]` caches what the first lane through
-        computes for all of them (mma)."""
+        """Where the `size` simulated lanes of one warp (32) or warpgroup (128: wgmma.py) meet at a collective op.
+        Each lane leaves its operands in `operands[phase][lane]` and waits until all have; then it may read
+        everyone's. Two phases, each lane alternating: a lane can rewrite a phase's slots only after the next op's
+        barrier, which every lane reaches after it has finished reading them. `results[phase]` caches what the
+        first lane through computes for all of them (mma)."""
 
-        def __init__(self):
+        def __init__(self, size: int = WARP):
+            self.size = size
             self.condition = threading.Condition()
             self.arrived = 0
             self.generation = 0
-            self.operands = [[None] * WARP, [None] * WARP]
+            self.operands = [[None] * size, [None] * size]
             self.results = [None, None]
-            self.phase = [0] * WARP
+            self.phase = [0] * size
 
         def meet(self, lane: int, operands, thread):
             phase = self.phase[lane]
@@ -298,7 +299,7 @@ else:
             with self.condition:
                 generation = self.generation
                 self.arrived += 1
-                if self.arrived == WARP:
+                if self.arrived == self.size:
                     self.arrived = 0
                     self.generation += 1
                     self.condition.notify_all()

@@ -1,0 +1,141 @@
+"""wgmma.py's warpgroup product and gemm_wgmma against numpy: on the GPU (TINYVLLM_TEST_GPU=1, an sm_90 device) the
+inline-PTX wgmma, in the simulator its twin (which reads the operands back through their descriptors)."""
+import functools
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cuda, jit
+from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma, gemm_wgmma_ref
+from kernels_numba.wgmma import (ROUTE_ENV, WARPGROUP, fence_proxy_async, fragment_position, matrix_descriptor,
+                                 ptx_target, shared_address, sm90a_ptx, wgmma_bf16, wgmma_commit, wgmma_fence,
+                                 wgmma_ref, wgmma_route, wgmma_wait_group)
+from tests.helpers import poisoned
+
+
+def _bf16_bits(rng, shape):
+    return rng.standard_normal(shape).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def test_descriptor_fields_follow_the_ptx_isa():
+    # PTX ISA 9.7.15.5.1.2: K-major, no swizzle, tf32 example: LBO 64 * 4 bytes encodes as 16, SBO 32 * 4 as 8;
+    # the start address >> 4 in bits 0-13, LBO in 16-29, SBO in 32-45, swizzle 0 in 62-63.
+    descriptor = int(matrix_descriptor(np.uint32(0x1230), 64 * 4, 32 * 4))
+    assert descriptor == 0x123 | 16 << 16 | 8 << 32
+
+
+def test_fragment_position_is_figure_149():
+    # Warp 1, lane 6 (g 1, t 2): d0, d1 at row 16 + 1, columns 4, 5; d2, d3 eight rows down; d4 the next 8 columns.
+    thread = 32 + 6
+    assert [fragment_position(thread, j) for j in range(6)] == [(17, 4), (17, 5), (25, 4), (25, 5), (17, 12), (17, 13)]
+
+
+@functools.cache
+def twice_kernel(n: int):
+    """D = C + 2 A B.T in one warpgroup: A [64, 16] and B [n, 16] stored K-major in shared memory by plain stores
+    (element (row, k) at [k // 8, row, k % 8]), C loaded into the accumulators and D stored back through the
+    fragment layout (wgmma.fragment_position), two wgmmas in one group."""
+    count = n // 2
+    mma, wait = wgmma_bf16(n), wgmma_wait_group(0, count)
+
+    @jit
+    def kernel(a, b, c, d):
+        a_tile = cuda.shared.array((2, 64, 8), np.uint16, alignment=SHARED_ALIGN)
+        b_tile = cuda.shared.array((2, n, 8), np.uint16, alignment=SHARED_ALIGN)
+        acc = cuda.local.array(count, np.float32)
+        tid = cuda.threadIdx.x
+        for i in range(tid, 64 * 16, WARPGROUP):
+            a_tile[(i % 16) // 8, i // 16, i % 8] = a[i // 16, i % 16]
+        for i in range(tid, n * 16, WARPGROUP):
+            b_tile[(i % 16) // 8, i // 16, i % 8] = b[i // 16, i % 16]
+        row0 = 16 * (tid // 32) + (tid % 32) // 4
+        col0 = 2 * (tid % 4)
+        for j in range(count):
+            acc[j] = c[row0 + 8 * ((j // 2) % 2), col0 + 8 * (j // 4) + j % 2]
+        fence_proxy_async()
+        cuda.syncthreads()
+        wgmma_fence()
+        desc_a = matrix_descriptor(shared_address(a_tile, 0, 0, 0), 64 * 16, 128)
+        desc_b = matrix_descriptor(shared_address(b_tile, 0, 0, 0), n * 16, 128)
+        mma(acc, desc_a, desc_b)
+        mma(acc, desc_a, desc_b)
+        wgmma_commit()
+        wait(acc)
+        for j in range(count):
+            d[row0 + 8 * ((j // 2) % 2), col0 + 8 * (j // 4) + j % 2] = acc[j]
+
+    return kernel
+
+
+@pytest.mark.parametrize("n", [64] if SIMULATOR else [8, 64, 128, 256])
+def test_wgmma_twice_matches_numpy(rng, n):
+    a, b = _bf16_bits(rng, (64, 16)), _bf16_bits(rng, (n, 16))
+    c = rng.standard_normal((64, n)).astype(np.float32)
+    d = poisoned((64, n), np.float32)
+    twice_kernel(n)[1, WARPGROUP](cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), d)
+    got = d.copy_to_host()
+    assert not np.isnan(got).any(), "some outputs were never written"
+    want = wgmma_ref(a, b, wgmma_ref(a, b, c))
+    # two sums of 16 exact products each (float32 rounding, unit roundoff doubled) on top of C
+    x64, w64 = (np.abs(v.view(ml_dtypes.bfloat16).astype(np.float64)) for v in (a, b))
+    bound = 2 * 17 * 2.0**-23 * (np.abs(c) + 2 * x64 @ w64.T)
+    err = np.abs(got.astype(np.float64) - want)
+    assert (err <= bound).all(), f"max err {err.max()}, worst err / bound {(err / bound).max()}"
+
+
+def _assert_within_bound(got, x_bits, w_bits):
+    """gemm_tc's bound: |got - ref| <= K 2^-23 sum_k |x_k w_k| (float32 sums of exact bf16 products, the unit
+    roundoff doubled in case the tensor core truncates); ref the float64 sums."""
+    assert not np.isnan(got).any(), "some outputs were never written"
+    x64, w64 = (np.abs(v.view(ml_dtypes.bfloat16).astype(np.float64)) for v in (x_bits, w_bits))
+    bound = x_bits.shape[1] * 2.0**-23 * (x64 @ w64.T)
+    err = np.abs(got.astype(np.float64) - gemm_wgmma_ref(x_bits, w_bits).astype(np.float64))
+    assert (err <= bound + 1e-30).all(), f"max err {err.max()}, worst err / bound {(err / bound).max()}"
+
+
+SIMULATOR_CASES = [
+    (64, 64, 32, WgmmaTile(64, 16, 2)),
+    (40, 56, 24, WgmmaTile(64, 16, 2)),  # M, N short of a tile; K ends inside a slice (copies past edges fill zeros)
+    (70, 72, 48, WgmmaTile(64, 16, 3)),  # two blocks each way; 3 stages (cp.async.wait_group 1)
+]
+GPU_CASES = [
+    (64, 64, 32, WgmmaTile(64, 16, 2)),
+    (300, 200, 136, WgmmaTile(64, 16, 2)),    # partial tiles in M and N, K not a multiple of the slice
+    (1000, 1000, 1032, WgmmaTile(128, 64, 2)),
+    (257, 384, 2048, WgmmaTile(128, 64, 3)),  # 3 stages: cp.async.wait_group 1
+    (512, 256, 512, WgmmaTile(256, 64, 2)),
+]
+
+
+@pytest.mark.parametrize("m, n, k, tile", SIMULATOR_CASES if SIMULATOR else GPU_CASES)
+def test_gemm_wgmma_matches_numpy_within_the_bound(rng, m, n, k, tile):
+    x_bits, w_bits = _bf16_bits(rng, (m, k)), _bf16_bits(rng, (n, k))
+    out = poisoned((m, n), np.float32)
+    got = gemm_wgmma(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=tile)
+    assert got is out
+    _assert_within_bound(got.copy_to_host(), x_bits, w_bits)
+
+
+def test_sm90a_ptx_rewrites_the_target_and_an_old_version():
+    ptx = "//\n.version 7.8\n.target sm_90\n.address_size 64\n"
+    rewritten = sm90a_ptx(ptx)
+    assert ptx_target(rewritten) == ".target sm_90a"
+    assert ".version 8.0\n" in rewritten and ".address_size 64" in rewritten
+    assert ".version 8.5" in sm90a_ptx(ptx.replace("7.8", "8.5"))  # a newer version stays
+
+
+def test_route_comes_from_the_environment():
+    assert wgmma_route({}) == "numba"
+    assert wgmma_route({ROUTE_ENV: "ptx"}) == "ptx"
+    with pytest.raises(ValueError, match=ROUTE_ENV):
+        wgmma_route({ROUTE_ENV: "cuda-c"})
+
+
+@pytest.mark.skipif(SIMULATOR or os.environ.get(ROUTE_ENV) == "ptx", reason="the GPU's default route")
+def test_gemm_wgmma_through_the_ptx_route(rng):
+    x_bits, w_bits = _bf16_bits(rng, (130, 72)), _bf16_bits(rng, (200, 72))
+    out = poisoned((130, 200), np.float32)
+    gemm_wgmma(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=WgmmaTile(128, 64, 2), route="ptx")
+    _assert_within_bound(out.copy_to_host(), x_bits, w_bits)
