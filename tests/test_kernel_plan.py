@@ -112,3 +112,12 @@ def test_the_batch_dependent_gpu_plan_splits_k_for_decode_batches():
     assert p.tc_splits(64, HIDDEN, INTERMEDIATE, p.tc_tile(64, HIDDEN)) > 1
     assert p.tc_splits(4096, HIDDEN, INTERMEDIATE, p.tc_tile(4096, HIDDEN)) == 1
     assert not p.tiled_decode
+
+
+def test_invariant_decode_steps_take_the_narrow_tile_which_the_swiglu_epilogue_accepts():
+    from kernels_numba.gemm_tc import _gemm_tc_kernel
+    from tinyvllm.runner.kernel_plan import INVARIANT_DECODE_TILE
+    p, dependent = plan("fast", GPU), plan("fast", GPU_DEPENDENT)
+    assert p.tc_tile(1, HIDDEN) == p.tc_tile(16, INTERMEDIATE) == INVARIANT_DECODE_TILE
+    assert p.tc_tile(17, HIDDEN) == dependent.tc_tile(17, HIDDEN) and dependent.tc_tile(1, HIDDEN) != INVARIANT_DECODE_TILE
+    _gemm_tc_kernel(INVARIANT_DECODE_TILE, residual=False, split=False, swiglu=True)  # its asserts hold for the tile

@@ -96,6 +96,11 @@ from tinyvllm.runner.choices import PRECISIONS, check_precision
 # The simulator's gemm_tc tile: one warp of 16 x 32 (a simulated lane is a Python thread: the fewer, the faster).
 SIMULATOR_TILE = TileShape(16, 32, 32, 1, 1)
 SIMULATOR_ATTENTION_KEYS = 16  # prefill_tc's key tile in the simulator (16 keys: one mma k step of P @ V)
+# An invariant plan's gemm_tc tile for steps of up to 16 rows (decode): without split-K the output's columns are a
+# small step's only parallelism, so one warp a block and 16 features each (o_proj and down_proj of the 1B model: 128
+# blocks), K in slices of 128 over 8 stages (32 KB of weights in flight a block). Two W rows a copy round, as the
+# SwiGLU epilogue needs.
+INVARIANT_DECODE_TILE = TileShape(16, 16, 128, 1, 1, 8)
 
 # The fast plan's GEMV crossover: decode steps of up to this many tokens keep the fused-GEMV layer (it reads each
 # weight once and is memory-bound at a handful of tokens), larger ones go to gemm_tc, which overtakes the GEMVs far
@@ -157,8 +162,14 @@ class KernelPlan:
 
     # ---- the tensor cores' shapes: the simulator's are the narrowest ----
     def tc_tile(self, rows: int, out_features: int) -> TileShape:
-        """gemm_tc's tile for an output of rows x out_features: gemm_tc.tile_for's choice on a GPU."""
-        return SIMULATOR_TILE if self.simulator else _gemm_tc.tile_for(rows, out_features)
+        """gemm_tc's tile for an output of rows x out_features: gemm_tc.tile_for's choice on a GPU, or where invariant
+        INVARIANT_DECODE_TILE up to its rows (a tile may follow the rows: each output walks K in ascending 16-wide mma
+        steps whatever the tile)."""
+        if self.simulator:
+            return SIMULATOR_TILE
+        if self.invariant and rows <= INVARIANT_DECODE_TILE.block_m:
+            return INVARIANT_DECODE_TILE
+        return _gemm_tc.tile_for(rows, out_features)
 
     def tc_splits(self, rows: int, out_features: int, in_features: int, tile: TileShape) -> int:
         """gemm_tc's split-K: gemm_tc.split_for's choice on a GPU (decode batches whose blocks do not fill the SMs),
