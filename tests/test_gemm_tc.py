@@ -496,7 +496,8 @@ def test_split_for_splits_decode_batches_and_never_prefill():
 
 
 def test_the_fast_plan_splits_decode_batches_on_a_gpu(monkeypatch):
-    """KernelPlan.project hands gemm_tc split_for's splits on a GPU (simulator=False), 1 in the simulator."""
+    """KernelPlan.project hands gemm_tc split_for's splits on a GPU (simulator=False) without batch invariance, 1 in the
+    simulator."""
     from types import SimpleNamespace
 
     import tinyvllm.runner.kernel_plan as kernel_plan
@@ -504,7 +505,7 @@ def test_the_fast_plan_splits_decode_batches_on_a_gpu(monkeypatch):
     calls = []
     monkeypatch.setattr(kernel_plan, "gemm_tc", lambda x, w, tile, splits: calls.append((tile, splits)))
     simulated = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=True)
-    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=False)
+    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=False, batch_invariant=False)
     x, w_down = SimpleNamespace(shape=(256, 8192)), SimpleNamespace(shape=(2048, 8192))  # down_proj, batch 256
     simulated.project(x, w_down)  # first as in the simulator (also on a GPU)
     plan.project(x, w_down)
@@ -524,8 +525,8 @@ def test_the_fast_plan_fuses_the_gate_into_gate_up_where_it_runs_in_one_pass(mon
         ("fused", epilogue, tile)) or SimpleNamespace(out="gated"))
     monkeypatch.setattr(kernel_plan, "gemm_tc", lambda x, w, tile, splits: calls.append(("gemm_tc", splits)) or gate_up)
     monkeypatch.setattr(kernel_plan, "silu_mul_gate_up", lambda gate_up, bf16: calls.append((gate_up, bf16)))
-    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=False)
-    fp32 = kernel_plan.KernelPlan("fp32", 64, 4, simulator=False)
+    plan = kernel_plan.KernelPlan("fast", head_dim=64, group=4, simulator=False, batch_invariant=False)
+    fp32 = kernel_plan.KernelPlan("fp32", 64, 4, simulator=False, batch_invariant=False)
     gate_up = SimpleNamespace(shape=(64, 2048))
     for rows in (4096, 64):  # Llama-3.2-1B: hidden 2048, intermediate 8192
         assert plan.fuses_swiglu(rows, 2048, 8192) and not fp32.fuses_swiglu(rows, 2048, 8192)

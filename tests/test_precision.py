@@ -122,7 +122,7 @@ def test_the_fast_plans_gemv_crossover_sends_larger_decode_steps_to_the_tensor_c
     from tinyvllm.runner import kernel_plan
     from tinyvllm.runner.kernel_plan import KernelPlan
     monkeypatch.setattr(kernel_plan, "FAST_GEMV_MAX_TOKENS", 8)
-    fast, fp32 = KernelPlan("fast", 64, 4, simulator=False), KernelPlan("fp32", 64, 4, simulator=False)
+    fast, fp32 = (KernelPlan(p, 64, 4, simulator=False, batch_invariant=False) for p in ("fast", "fp32"))
     assert fast.tc_min_rows() == 9
     assert not fast.uses_tensor_cores(8, 2048) and fast.uses_tensor_cores(9, 2048)
     assert not fp32.uses_tensor_cores(9, 2048)
