@@ -1,4 +1,4 @@
-"""Batch invariance measured (issue 27): N prompts, each run alone and then all together, compared bit for bit.
+"""Batch invariance measured: N prompts, each run alone and then all together, compared bit for bit.
 
     python scripts/invariance_check.py [--model DIR | FILE.gguf] [--prompts 48] [--max-prompt-len 400]
         [--max-tokens 48] [--precision fp32,fast] [--batch-invariant on,off] [--json OUT] [--expect-identical]

@@ -1,5 +1,5 @@
-"""scripts/invariance_check.py, issue 27's measurement (each prompt alone, then all together): its comparison of two
-runs on hand-made ones, and the script run as a user runs it (a subprocess, the demo model, the simulator)."""
+"""scripts/invariance_check.py, batch invariance measured (each prompt alone, then all together): its comparison of
+two runs on hand-made ones, and the script run as a user runs it (a subprocess, the demo model, the simulator)."""
 import json
 import os
 import subprocess
