@@ -8,6 +8,7 @@ import sys
 from debugger import trace
 from tinyvllm.engine.args import add_engine_arguments, build_engine
 from tinyvllm.errors import TinyVLLMError
+from tinyvllm.serving.recording import check_recording_path
 
 
 def add_arguments(p) -> None:
@@ -57,6 +58,8 @@ def run(args) -> int:
                             f"{'--replay' if args.replay else '--tour'}")
     if args.replay:
         return _run_replay(args)
+    if args.record:
+        check_recording_path(args.record)
     app = debug_app(args)
     if args.record:
         app.session.record_to(args.record, args.model)

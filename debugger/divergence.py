@@ -37,7 +37,6 @@ from tinyvllm.runner.forward import stage_names
 from debugger.rows import as_rows, label_parts, row_labels
 
 NEAR_TIE = 0.1   # nats of top-1 over top-2: the runner-up's probability is above exp(-0.1), 90 % of the top token's
-KINDS = ("alone", "precision", "recordings")
 
 
 # ---- what a run computed -----------------------------------------------------------------------------------

@@ -26,14 +26,26 @@ EDIT = "row -1 channel 42 = x + 100"   # the sampling row (the last prompt posit
 DIVERGENCE_OUT = DOCS / "debugger-divergence.svg"
 
 
-async def take(out: Path, size=(160, 48)) -> None:
+def demo_app():
+    """The debugger on the demo model with its goldens, as `tinyvllm debug` opens it (64 blocks of 4)."""
     from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
 
     from debugger.app import DebuggerApp
     from debugger.session import Session
     engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda message: None)
-    app = DebuggerApp(Session(engine, Goldens.load(DEFAULT_GOLDENS)))
+    return DebuggerApp(Session(engine, Goldens.load(DEFAULT_GOLDENS)))
+
+
+async def settle(app, pilot) -> None:
+    """Wait for the running command and for its last message (RunFinished), which is on its way after it."""
+    await app.workers.wait_for_complete()
+    while app.busy:
+        await pilot.pause(0.05)
+
+
+async def take(out: Path, size=(160, 48)) -> None:
+    app = demo_app()
     async with app.run_test(size=size) as pilot:
         await pilot.press("l")
         await app.workers.wait_for_complete()
@@ -42,19 +54,11 @@ async def take(out: Path, size=(160, 48)) -> None:
 
 
 async def take_edit(out: Path, size=(160, 48)) -> None:
-    from tinyvllm.engine.engine import EngineConfig, LLMEngine
-    from tinyvllm.golden_check import DEFAULT_GOLDENS, Goldens
-
-    from debugger.app import DebuggerApp
-    from debugger.session import Session
-    engine = LLMEngine(None, EngineConfig(num_blocks=64, block_size=4), log=lambda message: None)
-    app = DebuggerApp(Session(engine, Goldens.load(DEFAULT_GOLDENS)))
+    app = demo_app()
     async with app.run_test(size=size) as pilot:
         for keys in (["b", *"stage logits", "enter"], ["e", *EDIT, "enter"], ["s"]):
             await pilot.press(*keys)
-            await app.workers.wait_for_complete()
-            while app.busy:
-                await pilot.pause(0.05)
+            await settle(app, pilot)
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
@@ -78,13 +82,9 @@ async def take_divergence(out: Path, size=(160, 48)) -> None:
     app = DebuggerApp(session)
     async with app.run_test(size=size) as pilot:
         await pilot.press("c")
-        await app.workers.wait_for_complete()
-        while app.busy:
-            await pilot.pause(0.05)
+        await settle(app, pilot)
         await pilot.press("D")   # on request 0: the scheduler table's cursor row
-        await app.workers.wait_for_complete()
-        while app.busy:
-            await pilot.pause(0.05)
+        await settle(app, pilot)
         await pilot.pause()
         app.save_screenshot(filename=out.name, path=str(out.parent))
 
@@ -96,9 +96,7 @@ async def take_tour(out: Path, chapter: str = TOUR_CHAPTER, size=(160, 48)) -> N
     app = debug_app(parse_args(["debug", "--tour"]))
     async with app.run_test(size=size) as pilot:
         while True:
-            await app.workers.wait_for_complete()
-            while app.busy:   # the run's last message (RunFinished) is on its way
-                await pilot.pause(0.05)
+            await settle(app, pilot)
             if app.tour.lesson.slug == chapter:
                 break
             if app.tour.index == len(app.tour.lessons) - 1:

@@ -171,6 +171,8 @@ def _numpy_index(text: str) -> tuple:
 def _check_bounds(index, size: int, what: str) -> None:
     if isinstance(index, int) and not -size <= index < size:
         raise EditError(f"{what} {index} is out of range: this stage has {size} ({what}s 0..{size - 1})")
+    if isinstance(index, slice) and index.step == 0:
+        raise EditError(f"{what} step 0 in {index.start or ''}:{index.stop or ''}:0: a slice's step must not be 0")
     if isinstance(index, slice) and len(range(*index.indices(size))) == 0:
         raise EditError(f"{what}s {index.start}:{index.stop} select nothing: this stage has {size} (0..{size - 1})")
 

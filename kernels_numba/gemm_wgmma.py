@@ -1,4 +1,4 @@
-"""A first GEMM on Hopper's wgmma: out = x @ W.T, bf16 in, float32 accumulation, float32 out.
+"""A plain GEMM on Hopper's wgmma: out = x @ W.T, bf16 in, float32 accumulation, float32 out.
 
     out[m, n] = sum_k x[m, k] w[n, k]        x_bits u16 [M, K], w_bits u16 [N, K] (bf16 bits), out f32 [M, N]
 
@@ -13,8 +13,8 @@ each reading A (64 rows of x) and B (block_n rows of W, K-major: B's columns) th
 Per slice: wait for its copies, fence.proxy.async (the copies are generic-proxy writes the wgmma reads through the
 async proxy), syncthreads, issue the next slice's copies, wgmma.fence, the wgmmas, commit, wait for them (the next
 iteration's copies overwrite the stage the last wgmmas read only after everyone's wait and the barrier). The wgmmas
-of a slice therefore do not overlap the next slice's: a first kernel for correctness, not the tuned one (issue 28,
-must-have 2: swizzled layouts, TMA, keeping a wgmma group in flight, two consumer warpgroups).
+of a slice therefore do not overlap the next slice's: a kernel for correctness, not speed (a tuned one adds
+swizzled layouts, TMA, keeping a wgmma group in flight, two consumer warpgroups).
 
 Error: as gemm_tc (its docstring): each bf16 product is exact in float32 and the sum of K of them is float32, so
 |out - ref| <= K 2^-23 sum_k |x_k w_k| with ref the float64 sum (the unit roundoff doubled in case the tensor core

@@ -1,4 +1,4 @@
-"""Batch invariance measured (issue 27): N prompts, each run alone and then all together, compared bit for bit.
+"""Batch invariance measured: N prompts, each run alone and then all together, compared bit for bit.
 
     python scripts/invariance_check.py [--model DIR | FILE.gguf] [--prompts 48] [--max-prompt-len 400]
         [--max-tokens 48] [--precision fp32,fast] [--batch-invariant on,off] [--json OUT] [--expect-identical]
@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -166,6 +167,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("prompts", "max_prompt_len", "min_prompt_len", "max_tokens", "max_num_batched_tokens"):
         if getattr(args, flag) < 1:
             raise TinyVLLMError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.json and not os.access(Path(args.json).resolve().parent, os.W_OK):   # before the runs, not after
+        raise TinyVLLMError(f"cannot write --json {args.json}: its directory is missing or not writable")
     if args.min_prompt_len > args.max_prompt_len:
         args.min_prompt_len = 1
     args.precisions = names(args.precision, PRECISIONS, "--precision")
@@ -197,7 +200,10 @@ def run(args) -> int:
               "simulator": SIMULATOR, "settings": settings, "combinations": combinations}
     print(format_table(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(report) + "\n")
+        except OSError as e:   # the table above stands; the report is lost, said in one line
+            raise TinyVLLMError(f"cannot write --json {args.json}: {e.strerror}") from e
         log(f"wrote {args.json}")
     differs = not_invariant(combinations)
     if args.expect_identical and differs:

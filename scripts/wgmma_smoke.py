@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 # (kernels_numba first: where there is no GPU it picks the simulator before numba is imported)
 from kernels_numba.common import SHARED_ALIGN, cuda, jit  # noqa: E402
-from kernels_numba.wgmma import (WARPGROUP, fence_proxy_async, matrix_descriptor, shared_address,  # noqa: E402
+from kernels_numba.wgmma import (ROUTES, WARPGROUP, fence_proxy_async, matrix_descriptor, shared_address,  # noqa: E402
                                  wgmma_bf16, wgmma_commit, wgmma_fence, wgmma_wait_group)
 
 SHAPES = [(64, 64, 32), (300, 200, 136), (4096, 2048, 2048)]
@@ -375,6 +375,8 @@ def main() -> int:
     parser.add_argument("--route", default="numba", help=argparse.SUPPRESS)
     args = parser.parse_args()
     routes = [r for r in args.routes.split(",") if r]
+    if not routes or set(routes) - set(ROUTES):
+        parser.error(f"--routes takes a comma-separated subset of {','.join(ROUTES)}, got {args.routes!r}")
     if args.check:
         return child(args.check, args.route)
     if args.offline:

@@ -11,6 +11,7 @@ from tinyvllm.cli import parse_args
 from tinyvllm.engine.args import build_engine, engine_config_from_args
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.errors import TinyVLLMError
 from tinyvllm.model.loader import load_model
 
 PARAMS = SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True)
@@ -121,3 +122,10 @@ def test_the_default_leaves_out_only_the_fast_precision_on_a_gpu():
         True, True, True, False]
     assert all(on.invariant_for(p, s) for p in ("fp32", "fast") for s in (True, False))
     assert not any(off.invariant_for(p, s) for p in ("fp32", "fast") for s in (True, False))
+
+
+@pytest.mark.parametrize("setting", ["off", 0, 1])
+def test_a_setting_other_than_true_false_or_none_is_refused(setting):
+    # "off" would otherwise read as true, 0 as false: the engine would run what was not asked
+    with pytest.raises(TinyVLLMError, match=f"batch_invariant must be True, False or None, got {setting!r}"):
+        EngineConfig(batch_invariant=setting)

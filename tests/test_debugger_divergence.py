@@ -243,11 +243,7 @@ def test_serve_debug_with_compare_alone_reaches_the_view(monkeypatch):
             seen["summary"] = shown(pilot.app.screen, "#divergence-summary")
             seen["reply"] = reply
             await pilot.press("escape", "q")
-
-        async def drive_it():
-            async with app.run_test(size=(160, 50)) as pilot:
-                await scenario(pilot)
-        asyncio.run(drive_it())
+        drive(app, scenario)
     monkeypatch.setattr(DebuggerApp, "run", run_with_pilot)
     assert main(["serve", "--debug", "--compare-alone", "--port", "0"]) == 0
     request_id = seen["reply"]["id"] + "-0"
@@ -270,11 +266,7 @@ def test_debug_replay_with_compare_alone_reaches_the_view(monkeypatch, tmp_path,
             await press(pilot, "D")
             seen["summary"] = shown(pilot.app.screen, "#divergence-summary")
             await pilot.press("escape", "q")
-
-        async def drive_it():
-            async with app.run_test(size=(160, 50)) as pilot:
-                await scenario(pilot)
-        asyncio.run(drive_it())
+        drive(app, scenario)
     monkeypatch.setattr(DebuggerApp, "run", run_with_pilot)
     assert main(["debug", "--replay", str(tmp_path / "two.jsonl"), "--compare-alone"]) == 0
     assert "2/2 requests match token for token" in capsys.readouterr().out

@@ -2,6 +2,11 @@
 tokens, the stages where it could not are refused with the reason, the `e` key's box applies one and the screen
 lists it, and a recording keeps it so that debug --replay reproduces the edited tokens."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -15,6 +20,8 @@ from tinyvllm.engine.sampling_params import SamplingParams
 from tinyvllm.model.loader import load_model
 
 from .test_debugger_app import drive, press, screen_lines, shown, text
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPT = [384, 341, 265, 84, 77, 220, 81]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
@@ -274,3 +281,14 @@ def test_debug_record_from_the_command_line_records_the_initial_prompt(tmp_path,
     [request] = read_recording(path).requests
     prompt = apps[0].session.engine.tokenizer.encode("The sun")
     assert (request.step, request.prompt_token_ids, request.params["max_tokens"]) == (0, prompt, 2)
+
+
+def test_debug_record_into_a_missing_directory_is_refused_before_the_model_loads(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_ENABLE_CUDASIM="1")
+    path = tmp_path / "no-such-dir" / "r.jsonl"
+    done = subprocess.run([sys.executable, "-m", "tinyvllm.cli", "debug", "--record", str(path)], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 1
+    # one line, and only it: no "loaded in" / "KV pool" lines before it
+    assert done.stderr.splitlines() == [f"error: cannot write the recording {path}: its directory is missing or "
+                                        "not writable"]

@@ -1,5 +1,5 @@
-"""scripts/invariance_check.py, issue 27's measurement (each prompt alone, then all together): its comparison of two
-runs on hand-made ones, and the script run as a user runs it (a subprocess, the demo model, the simulator)."""
+"""scripts/invariance_check.py, batch invariance measured (each prompt alone, then all together): its comparison of
+two runs on hand-made ones, and the script run as a user runs it (a subprocess, the demo model, the simulator)."""
 import json
 import os
 import subprocess
@@ -42,6 +42,9 @@ def test_expect_identical_fails_only_on_an_invariant_combination_that_differs():
     (["--precision", "fp32,bf16"], "--precision takes a comma-separated subset of fp32,fast, got 'fp32,bf16'"),
     (["--batch-invariant", "yes"], "--batch-invariant takes a comma-separated subset of on,off, got 'yes'"),
     (["--prompts", "0"], "--prompts must be >= 1, got 0"),
+    (["--json", "/no-such-dir/check.json", "--prompts", "1", "--max-prompt-len", "2", "--max-tokens", "1",
+      "--precision", "fp32", "--batch-invariant", "on"],   # refused before the runs, not after them
+     "cannot write --json /no-such-dir/check.json: its directory is missing or not writable"),
 ])
 def test_bad_options_get_one_clear_line(capsys, argv, message):
     assert check.main(argv) == 1

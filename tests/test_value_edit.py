@@ -68,6 +68,8 @@ def test_a_3d_stage_output_is_edited_through_its_rows_view():
     ("logits", "row a = x", "expected an index"),
     ("logits", "[0, 1, 2] = x", "at most 2"),
     ("logits", "[0.5] = x", "integers"),
+    ("logits", "[::0] = x", "row step 0"),
+    ("logits", "[0, 1:4:0] = x", "column step 0"),
     ("layers.0.mlp", "head 0 = x", "layers.0.mlp has no heads"),
     ("layers.0.q", "head 3 = x", "head 3 is out of range: this stage has 3"),
     ("layers.0.q", "head 0 channel 4 = x", "channel 4 is out of range: this stage has 4"),

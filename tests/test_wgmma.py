@@ -139,3 +139,16 @@ def test_gemm_wgmma_through_the_ptx_route(rng):
     out = poisoned((130, 200), np.float32)
     gemm_wgmma(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=WgmmaTile(128, 64, 2), route="ptx")
     _assert_within_bound(out.copy_to_host(), x_bits, w_bits)
+
+
+@pytest.mark.parametrize("routes", ["", "numba,sm90"])
+def test_the_smoke_script_names_a_bad_route_in_one_line(routes):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "scripts" / "wgmma_smoke.py"), "--routes", routes, "--offline"],
+                          capture_output=True, text=True, env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"), timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    message = f"--routes takes a comma-separated subset of numba,ptx, got {routes!r}"
+    assert done.stderr.splitlines()[-1].endswith(message)

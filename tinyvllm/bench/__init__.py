@@ -20,7 +20,8 @@ KV pool and prefix cache, fresh metrics), cuda.synchronize() before every clock 
 stops at --max-seconds and reports how far it got. Output: OUT/bench.json, OUT/bench.csv, a table on stdout,
 progress on stderr, and OUT/bench.png when matplotlib is installed.
 
---batch-invariant on|off|both sets the engine's EngineConfig.batch_invariant (docs/batch-invariance.md); both runs
+--batch-invariant auto|on|off|both sets the engine's EngineConfig.batch_invariant (docs/batch-invariance.md; auto,
+the default: the engine's own, on except the fast precision on a GPU); both runs
 every tinyvllm workload twice, invariance on then off, on the same requests: each row records which (its engine's
 kernel plan), and invariance_ratios (JSON) / the table's on/off column give on / off per time and token rate.
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from tinyvllm.cli import SERVE_DEBUG, load
 from tinyvllm.engine.args import add_engine_arguments, build_engine
 from tinyvllm.errors import TinyVLLMError
+from tinyvllm.serving.recording import check_recording_path
 from tinyvllm.serving.server import DEMO_MODEL_NAME, listen, serve_http, served_model_name
 
 DESCRIPTION = __doc__
@@ -83,8 +83,8 @@ def run(args) -> int:
         raise TinyVLLMError("--stream goes with --jsonl (HTTP clients ask for streaming with stream: true)")
     if args.max_waiting < 0 or args.shutdown_timeout < 0:
         raise TinyVLLMError("--max-waiting and --shutdown-timeout must be >= 0")
-    if args.record and not os.access(Path(args.record).resolve().parent, os.W_OK):  # before the model loads
-        raise TinyVLLMError(f"cannot write the recording {args.record}: its directory is missing or not writable")
+    if args.record:
+        check_recording_path(args.record)
     if args.compare_alone and not args.debug:
         raise TinyVLLMError("--compare-alone is the debugger's: tinyvllm serve --debug --compare-alone")
     if args.debug:  # a debugger front end: loaded by its module path, as tinyvllm imports no debugger

@@ -49,6 +49,8 @@ class EngineConfig:
         check(0 < self.gpu_memory_fraction <= 1, f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         check(self.max_model_len is None or self.max_model_len >= 2, f"max_model_len must be >= 2, got {self.max_model_len}")
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
+        check(self.batch_invariant is None or type(self.batch_invariant) is bool,
+              f"batch_invariant must be True, False or None, got {self.batch_invariant!r}")
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_precision(self.precision)
 

@@ -50,9 +50,9 @@ EngineConfig's default is invariant everywhere but the fast precision on a GPU, 
 flash-decoding it gives up cost batch-1 decode about 2.6x its time (measured: docs/batch-invariance.md);
 check-goldens, eval, debug and trace turn it on there too (engine_config_from_args' `reference`).
 
-At decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not fill the SMs (tc_splits:
-o_proj and down_proj of the 1B model at 64-256 rows); prefill GEMMs run in one pass. tc_min_rows() is the GEMV
-crossover: the fused GEMVs serve decode steps up to FAST_GEMV_MAX_TOKENS rows on a GPU (at most
+Without batch invariance, at decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not
+fill the SMs (tc_splits: o_proj and down_proj of the 1B model at 64-256 rows); prefill GEMMs run in one pass.
+tc_min_rows() is the GEMV crossover: the fused GEMVs serve decode steps up to FAST_GEMV_MAX_TOKENS rows on a GPU (at most
 matmul.MAX_COALESCED_TOKENS, where fp32 hands over to gemm_blocked), the tensor cores the rest.
 
 Why no ResidualEpilogue behind o_proj and down_proj: an RMSNorm reads the sum right after, over whole rows, so
@@ -146,7 +146,7 @@ class KernelPlan:
     head_dim: int
     group: int            # n_heads // n_kv_heads
     simulator: bool = SIMULATOR
-    batch_invariant: bool = True  # in the simulator: the same choices for every row count and batch mix
+    batch_invariant: bool = True  # the same kernels, reducing in the same order, for every row count and mix
 
     def __post_init__(self):
         assert self.precision in PRECISIONS and self.precision != "auto", self.precision

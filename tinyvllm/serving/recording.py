@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -128,6 +129,14 @@ class RecordedRequest:
     text: str | None = None
     finish_reason: str | None = None
     finish_step: int | None = None    # LLMEngine.num_steps after the step that finished it
+
+
+def check_recording_path(path: str | Path) -> None:
+    """Refuse a recording path whose directory is missing or not writable: called before a model loads, so that
+    serve --record and debug --record fail at once rather than after the load (Recorder.open still reports a write
+    that fails later)."""
+    if not os.access(Path(path).resolve().parent, os.W_OK):
+        raise TinyVLLMError(f"cannot write the recording {path}: its directory is missing or not writable")
 
 
 @dataclass(frozen=True)
