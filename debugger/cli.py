@@ -24,7 +24,8 @@ def add_arguments(p) -> None:
     p.add_argument("--compare-precision", action="store_true",
                    help="also step an engine of the other precision (fp32 <-> fast) on the same requests, in "
                         "lockstep: the golden diff panel shows each stage's max |main - other| and max rel, until "
-                        "the two sample different tokens; D shows where the picked request's two runs part")
+                        "the two sample different tokens; D shows where the picked request's two runs part. With "
+                        "--replay FILE: the recording's requests and aborts, at their recorded steps")
     p.add_argument("--compare-alone", action="store_true",
                    help="keep every stage's rows, so that D shows where the picked request's run parts from the same "
                         "request run alone (a fresh engine with the same configuration, given only that request)")
@@ -75,7 +76,5 @@ def run(args) -> int:
 def _run_replay(args) -> int:
     if args.tour:
         raise TinyVLLMError("--tour steps the debugger's own requests; it does not combine with --replay")
-    if args.compare_precision:
-        raise TinyVLLMError("--compare-precision steps the debugger's own requests; it does not combine with --replay")
     from debugger.serve_debug import run_debug_replay
     return run_debug_replay(args)

@@ -1,8 +1,8 @@
 """The other precision in lockstep (`tinyvllm debug --compare-precision`): a shadow engine on the same model and
 requests, its `step_stages()` advanced to the stage the debugger's engine just ran, and the two outputs compared.
 
-The shadow only reads what the main engine was given (prompts, sampling parameters, request ids); the main engine
-never sees the shadow. Comparison stops for good, and says why, when the two stop being comparable: they sampled
+The shadow only reads what the main engine was given (prompts, sampling parameters, request ids, aborts: a
+replay's feed aborts through the session, as it adds); the main engine never sees the shadow. Comparison stops for good, and says why, when the two stop being comparable: they sampled
 a different token (the precisions diverged), scheduled a different batch, or the shadow failed.
 """
 from __future__ import annotations
@@ -70,6 +70,10 @@ class PrecisionShadow:
     def add_request(self, prompt, params, request_id: str) -> None:
         if self.active:
             self._guard(lambda: self.engine.add_request(prompt, params, request_id=request_id))
+
+    def abort_request(self, request_id: str) -> None:
+        if self.active:
+            self._guard(lambda: self.engine.abort_request(request_id))
 
     def begin_step(self, all_logits: bool) -> None:
         self._stages = self.engine.step_stages(all_logits=all_logits) if self.active else None

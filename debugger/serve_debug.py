@@ -340,7 +340,15 @@ class ReplayFeed(Feed):
         return len(self.queue.recording.requests)
 
     def admit(self, session, adds: bool = True) -> list[str]:
-        return self.queue.admit(session.engine, session.add_request) if adds else []
+        """The requests and aborts due before this step, into the engine and, through the session, into its
+        precision shadow (which must see every request and abort at the same step to stay in lockstep)."""
+        if not adds:
+            return []
+        aborts_due = list(self.queue.aborts)
+        queued = self.queue.admit(session.engine, session.add_request)
+        for _step, _line, request_id in aborts_due[:len(aborts_due) - len(self.queue.aborts)]:  # the ones applied
+            session.mirror_abort(request_id)
+        return queued
 
     def edits_due(self, session, stage: str) -> list:
         """The recorded edits of this stage in this step (recorded step = engine.num_steps + the queue's offset)."""
@@ -523,7 +531,8 @@ def run_debug_replay(args) -> int:
     from debugger.session import SessionOptions
     goldens = None if args.no_goldens or args.model else Goldens.load(args.goldens or DEFAULT_GOLDENS)
     compares = bool(getattr(args, "compare_alone", False) or getattr(args, "against", None))
-    session, feed = replay_session(args.replay, args.model, goldens, SessionOptions(record_rows=compares))
+    options = SessionOptions(record_rows=compares, compare_precision=bool(getattr(args, "compare_precision", False)))
+    session, feed = replay_session(args.replay, args.model, goldens, options)
     session.divergence = comparison_for(args, session)
     app = DebuggerApp(session)
     app.run()

@@ -448,6 +448,12 @@ class Session:
                     break
             return request_id
 
+    def mirror_abort(self, request_id: str) -> None:
+        """The feed aborted `request_id` in the engine between steps: the precision shadow aborts it too."""
+        with self._lock:
+            if self.shadow is not None:
+                self.shadow.abort_request(request_id)
+
     def record_to(self, path, model: str | None = None) -> None:
         """Record this session as a serving recording (debug --record FILE): its requests, their answers and its
         value edits, for debug --replay FILE to step again. From the start: the initial prompts are its first

@@ -272,3 +272,62 @@ def test_debug_replay_with_compare_alone_reaches_the_view(monkeypatch, tmp_path,
     assert "2/2 requests match token for token" in capsys.readouterr().out
     assert seen["summary"].startswith(f"request {second}: batched vs alone: identical ("), seen["summary"]
     assert "compared bit for bit: " in seen["summary"] and "tokens: the same over 3" in seen["summary"]
+
+
+def unfinished_recording(path, requests, aborts=()):
+    """A recording of fp32 requests (id, prompt ids, max tokens) that arrive at step 0 and never finish in it (the
+    replay compares no answers), then `aborts`: (id, step) each."""
+    lines = [{"type": "header", "format": FORMAT, "version": VERSION, "model": None,
+              "engine_config": {"num_blocks": 32, "block_size": 4, "precision": "fp32"}}]
+    lines += [{"type": "request", "id": request_id, "t": 0.0, "step": 0, "prompt_token_ids": prompt,
+               "params": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True, "seed": 1}}
+              for request_id, prompt, max_tokens in requests]
+    lines += [{"type": "abort", "id": request_id, "t": 0.1, "step": step} for request_id, step in aborts]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def replay_with_pilot(monkeypatch, argv, scenario) -> int:
+    """tinyvllm.cli.main(argv), its debugger app driven by `scenario` (then q)."""
+    def run_with_pilot(app):
+        async def driven(pilot):
+            await scenario(pilot)
+            await pilot.press("escape", "q")
+        drive(app, driven)
+    monkeypatch.setattr(DebuggerApp, "run", run_with_pilot)
+    return main(argv)
+
+
+@pytest.mark.slow   # a fast shadow in lockstep
+def test_debug_replay_with_compare_precision_shows_where_the_precisions_part(monkeypatch, tmp_path):
+    """tinyvllm debug --replay FILE --compare-precision: the recorded request enters and prefills (d), D on it: fp32
+    (the recording's) against the fast shadow first differ at the first stage with a bf16 rounding upstream."""
+    path = unfinished_recording(tmp_path / "one.jsonl", [("cmpl-r-0", TARGET, 1)])
+    first = next(s for s in STAGES if _roundings_upstream(s) > 0)
+    seen = {}
+
+    async def scenario(pilot):
+        await press(pilot, "d")
+        await press(pilot, "D")
+        seen["summary"] = shown(pilot.app.screen, "#divergence-summary")
+    assert replay_with_pilot(monkeypatch, ["debug", "--replay", path, "--compare-precision"], scenario) == 0
+    assert f"request cmpl-r-0: fp32 vs fast first differ at position 0 (prompt), {first}: max |diff| " \
+        in seen["summary"], seen["summary"]
+
+
+@pytest.mark.slow   # a fast shadow in lockstep, three steps
+def test_a_replayed_abort_keeps_the_precision_shadow_in_step(monkeypatch, tmp_path):
+    """A recording whose first request is aborted before step 1 while the second runs on: replayed with
+    --compare-precision to its end (c), the shadow aborted it too and still compares (no other batch)."""
+    path = unfinished_recording(tmp_path / "abort.jsonl", [("a", TARGET, 4), ("b", OTHER, 3)], aborts=[("a", 1)])
+    seen = {}
+
+    async def scenario(pilot):
+        await press(pilot, "c")
+        session = pilot.app.session
+        seen["stopped"] = session.shadow.stopped
+        seen["reasons"] = [(session.engine.request(r).finish_reason, session.shadow.engine.request(r).finish_reason)
+                           for r in "ab"]
+    assert replay_with_pilot(monkeypatch, ["debug", "--replay", path, "--compare-precision"], scenario) == 0
+    assert seen["stopped"] == ""
+    assert seen["reasons"] == [("abort", "abort"), ("length", "length")]

@@ -105,11 +105,3 @@ def test_the_panels_show_the_comparison_line():
         row_line = shown(pilot.app, "#inspector-row-label")
         assert f"fp32 vs fast max abs {record.precision.row_max_abs[-1]:.3e}" in row_line, row_line
     drive(debug_app(args), scenario)
-
-
-def test_replay_with_compare_precision_gets_one_line(capsys):
-    from tinyvllm.cli import main
-    assert main(["debug", "--replay", "session.jsonl", "--compare-precision"]) == 1
-    err = capsys.readouterr().err
-    assert "--compare-precision steps the debugger's own requests; it does not combine with --replay" in err
-    assert "Traceback" not in err

@@ -49,7 +49,8 @@ NOTES = (
     "`tinyvllm debug --compare-precision` also steps an engine of the other precision (fp32 <-> fast) on the same "
     "requests in lockstep: the golden diff panel shows the stage's max abs and max rel |main - other| "
     "(\"fp32 vs fast\"), the tensor panel each row's max abs, until the two sample different tokens "
-    "(\"precisions diverged at step N\").",
+    "(\"precisions diverged at step N\"). With --replay FILE the shadow gets the recording's requests and aborts "
+    "at their recorded steps.",
 )
 
 
