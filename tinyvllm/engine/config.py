@@ -56,8 +56,7 @@ class EngineConfig:
 
     def invariant_for(self, precision: str, simulator: bool) -> bool:
         """Whether the engine's kernel plan is batch-invariant at a resolved precision: batch_invariant, or where it
-        is None, everywhere but the fast precision on a GPU (there it costs batch-1 decode ~2.6x its time:
-        docs/batch-invariance.md)."""
+        is None, everywhere but the fast precision on a GPU (there it costs decode speed: docs/batch-invariance.md)."""
         if self.batch_invariant is not None:
             return self.batch_invariant
         return precision != "fast" or simulator

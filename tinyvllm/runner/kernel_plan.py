@@ -47,7 +47,7 @@ reducing in an order fixed by the row and the model's shapes, never by the step'
   neighbours change nothing. gemm_tc's tile may follow the rows: each output walks K in ascending 16-wide mma steps
   whatever the tile. In the simulator gemv and per_query already reduce per row in a fixed order.
 EngineConfig's default is invariant everywhere but the fast precision on a GPU, where the GEMVs, split-K and
-flash-decoding it gives up cost batch-1 decode about 2.6x its time (measured: docs/batch-invariance.md);
+flash-decoding it gives up cost decode speed (measured: docs/batch-invariance.md);
 check-goldens, eval, debug and trace turn it on there too (engine_config_from_args' `reference`).
 
 Without batch invariance, at decode batches (up to a few hundred rows) gemm_tc splits K where its blocks would not
@@ -155,11 +155,6 @@ class KernelPlan:
     def fast(self) -> bool:
         return self.precision == "fast"
 
-    @property
-    def invariant(self) -> bool:
-        """Whether this plan's choices keep each row's reductions independent of the batch (batch_invariant)."""
-        return self.batch_invariant
-
     # ---- the tensor cores' shapes: the simulator's are the narrowest ----
     def tc_tile(self, rows: int, out_features: int) -> TileShape:
         """gemm_tc's tile for an output of rows x out_features: gemm_tc.tile_for's choice on a GPU, or where invariant
@@ -167,7 +162,7 @@ class KernelPlan:
         steps whatever the tile)."""
         if self.simulator:
             return SIMULATOR_TILE
-        if self.invariant and rows <= INVARIANT_DECODE_TILE.block_m:
+        if self.batch_invariant and rows <= INVARIANT_DECODE_TILE.block_m:
             return INVARIANT_DECODE_TILE
         return _gemm_tc.tile_for(rows, out_features)
 
@@ -175,14 +170,14 @@ class KernelPlan:
         """gemm_tc's split-K: gemm_tc.split_for's choice on a GPU (decode batches whose blocks do not fill the SMs),
         1 in the simulator (one block at a time: splitting only adds a launch) and where invariant (split_for
         decides by rows: a decode row would sum its K in other partials than the same row in a prefill)."""
-        if self.simulator or self.invariant:
+        if self.simulator or self.batch_invariant:
             return 1
         return _gemm_tc.split_for(rows, out_features, in_features, tile)
 
     def tc_min_rows(self) -> int:
         """The fewest rows a projection takes to the tensor cores: 1 where invariant (a lone row rounded to bf16 as in
         any batch); else 2 in the simulator and past the fast plan's GEMV crossover on a GPU."""
-        if self.invariant:
+        if self.batch_invariant:
             return 1
         if self.simulator:
             return 2
@@ -204,7 +199,7 @@ class KernelPlan:
                 tile = self.tc_tile(x.shape[0], w.shape[0])
                 return gemm_tc(x, w, tile=tile, splits=self.tc_splits(x.shape[0], w.shape[0], x.shape[1], tile))
             return Kernel("gemm_tc.gemm_tc", tensor_cores)
-        if self.invariant and not self.simulator:
+        if self.batch_invariant and not self.simulator:
             return Kernel("matmul.gemm_blocked (one pass)", _gemm_blocked_one_pass)
         name, launch = _matmul.linear_kernel(rows, in_features, self.simulator)
         return Kernel("matmul." + name, lambda x, w: launch(x, w))
@@ -256,7 +251,7 @@ class KernelPlan:
         """Whether a step of `rows` tokens runs the fused-GEMV layer (forward.FusedGemvLayer): when gemv_coalesced
         serves every projection of the layer (inputs of in_features: hidden, n_heads * head_dim, intermediate),
         which the fast plan has not sent to the tensor cores."""
-        if self.invariant or self.uses_tensor_cores(rows, in_features[0]):  # invariant: projection's kernels only
+        if self.batch_invariant or self.uses_tensor_cores(rows, in_features[0]):  # invariant: projection's kernels only
             return False
         return all(_matmul.linear_kernel(rows, k, self.simulator)[0] == "gemv_coalesced" for k in in_features)
 
@@ -276,7 +271,7 @@ class KernelPlan:
     def tiled_decode(self) -> bool:
         """Whether decode-only steps run the prefill attention (prefill_tc, or prefill_gqa on a GPU in fp32), each
         query a tile of its own: where invariant, so that a query takes one kernel whatever its neighbours."""
-        return self.invariant and self.prefill_tile_queries() is not None
+        return self.batch_invariant and self.prefill_tile_queries() is not None
 
     def tiled_attention(self, decode_only: bool) -> bool:
         """Whether a step's attention is prefill_tc: every step with prefill chunks in the fast plan, and its
