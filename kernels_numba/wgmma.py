@@ -39,6 +39,10 @@ The instructions, each an `@intrinsic` emitting inline PTX like mma.py's:
 - `wgmma_wait_group(n, count)(acc)`: wgmma.wait_group.sync.aligned n, wait until at most n groups are in flight;
   then each of the first `count` accumulators of `acc` passes through an empty asm tied to itself (CUTLASS's warpgroup_fence_operand), so
   the compiler cannot read D's registers before the wait (to LLVM the wgmma's outputs exist as soon as it issues).
+- `accumulators_zero(count)(acc)`, `accumulators_stash(n)(tile, acc, row0, col0)`: acc set to 0, and acc stored
+  through the fragment layout into a 2-D float32 array, every accumulator at a constant index: read or written in a
+  loop with a run-time index, acc would live on the stack (LLVM unrolls no loop of 64-128 stores), in the K loop
+  too.
 - `fence_proxy_async()`: fence.proxy.async.shared::cta. wgmma reads shared memory through the async proxy
   (9.7.15.4); what threads wrote there with st.shared or cp.async (the generic proxy) must be fenced before the
   barrier after which the wgmma reads it.
@@ -48,6 +52,11 @@ The instructions, each an `@intrinsic` emitting inline PTX like mma.py's:
   (9.7.15.5.1.2.2, "Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading dimension byte
   offset >> 4, 32-45 stride dimension byte offset >> 4, 49-51 base offset (0), 62-63 swizzle mode (0: none).
   Each field is (x & 0x3FFFF) >> 4: 16-byte aligned values below 256 KB.
+- `matrix_descriptor_sw128(address)`: the same for a tile in the 128-byte swizzle (mode 1 in bits 62-63, SBO 1,024):
+  rows of 128 bytes (64 bf16 of K), the 16-byte chunk c of row r stored at chunk c ^ (r % 8), the tile 1,024-byte
+  aligned (the XOR takes address bits 7-9). The k16 step s of a row starts 32 s bytes on: the hardware applies the
+  XOR to the address it computes, so the descriptor's start simply advances. Conflict-free for wgmma's reads and
+  for 8 threads writing one row's 8 chunks (CUTLASS's Swizzle<3, 4, 3>, `swizzle_128b`).
 
 Shared memory layout (9.7.15.5.1.2, "Shared Memory Matrix Layout", K-major, no swizzle: "interleaved"). A core
 matrix is 8 rows of 16 bytes (8 bf16 along K), stored as 128 contiguous bytes. The canonical K-major layout
@@ -65,7 +74,7 @@ row 16 w + lane // 4 + 8 ((j // 2) % 2), column 8 (j // 4) + 2 (lane % 4) + j % 
 N / 8 of mma.sync's 16 x 8 D fragments side by side (`fragment_position`).
 
 In the simulator (no PTX) each is a Python twin. `shared_address` gives the element's byte offset from the start
-of its shared allocation (each allocation a block makes gets its own window, 128-byte aligned, registered on the
+of its shared allocation (each allocation a block makes gets its own window, 1,024-byte aligned, registered on the
 block), and a descriptor is read back the way the hardware reads it: the emulated wgmma gathers A and B from the
 window through the descriptor's start address, LBO and SBO, so a wrong descriptor or layout gives wrong results
 in the simulator too. The 128 lanes meet at each wgmma (mma._WarpMeeting of 128): every lane must issue it and with
@@ -100,6 +109,18 @@ def wgmma_route(environ=os.environ) -> str:
     return route
 
 
+WGMMA_ENV = "TINYVLLM_WGMMA"
+
+
+def wgmma_available(environ=os.environ) -> bool:
+    """Whether this process's GPU runs wgmma: compute capability 9.0 (H100, H200), not the simulator, and
+    TINYVLLM_WGMMA not "0"."""
+    if SIMULATOR or environ.get(WGMMA_ENV, "1") == "0":
+        return False
+    from numba import cuda
+    return tuple(cuda.get_current_device().compute_capability) == (9, 0)
+
+
 def check_n(n: int) -> None:
     assert isinstance(n, int) and n % 8 == 0 and 8 <= n <= 256, f"wgmma m64nNk16: N {n!r} is not a multiple of 8 in 8-256"
 
@@ -110,6 +131,27 @@ def matrix_descriptor(address, leading_bytes, stride_bytes):
     return np.uint64((np.uint64(address) & np.uint64(0x3FFFF)) >> np.uint64(4)
                      | ((np.uint64(leading_bytes) & np.uint64(0x3FFFF)) >> np.uint64(4)) << np.uint64(16)
                      | ((np.uint64(stride_bytes) & np.uint64(0x3FFFF)) >> np.uint64(4)) << np.uint64(32))
+
+
+SWIZZLE_128B = 1          # descriptor bits 62-63: 0 none, 1 128-byte, 2 64-byte, 3 32-byte
+SWIZZLE_ROW_BYTES = 128   # a 128-byte swizzled row: 64 bf16 of K
+SWIZZLE_ATOM_BYTES = 1024  # 8 such rows: the XOR pattern repeats, the tile's alignment
+
+
+@jit(device=True)
+def matrix_descriptor_sw128(address):
+    """The descriptor of a K-major tile in the 128-byte swizzle (rows of 64 bf16, 16-byte chunk c of row r stored at
+    chunk c ^ (r % 8), 8-row groups 1,024 bytes apart: SBO 1,024; LBO unused, 16 by convention)."""
+    return np.uint64((np.uint64(address) & np.uint64(0x3FFFF)) >> np.uint64(4)
+                     | np.uint64(1) << np.uint64(16)
+                     | np.uint64(SWIZZLE_ATOM_BYTES >> 4) << np.uint64(32)
+                     | np.uint64(SWIZZLE_128B) << np.uint64(62))
+
+
+def swizzle_128b(byte_address):
+    """Where the 128-byte swizzle stores the byte at `byte_address` (an address from a 1,024-byte aligned tile):
+    its 16-byte chunk index (bits 4-6) XOR the row within the 8-row atom (bits 7-9)."""
+    return byte_address ^ (((byte_address >> 7) & 7) << 4)
 
 
 def decode_descriptor(descriptor) -> tuple[int, int, int, int]:
@@ -135,6 +177,8 @@ if not SIMULATOR:
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
+
+    from numba.cuda import cgutils
 
     from .mma import _shared_address
 
@@ -238,6 +282,54 @@ if not SIMULATOR:
 
         return mma
 
+    @functools.cache
+    def accumulators_zero(count: int):
+        """The device function zero(acc): acc[0:count] = 0, each at a constant index (so acc stays registers)."""
+        @intrinsic
+        def zero(typingctx, acc):
+            _check_accumulators("accumulators_zero", acc)
+
+            def codegen(context, builder, signature, args):
+                for pointer in _accumulator_pointers(context, builder, signature.args[0], args[0], count):
+                    builder.store(ir.Constant(ir.FloatType(), 0.0), pointer)
+                return context.get_dummy_value()
+
+            return types.void(acc), codegen
+
+        return zero
+
+    @functools.cache
+    def accumulators_stash(n: int):
+        """The device function stash(tile, acc, row0, col0): tile[row0 + r, col0 + c] = acc[j] for the N / 2
+        accumulators of an m64nNk16 fragment (r = 8 ((j / 2) % 2), c = 8 (j / 4) + j % 2; row0, col0 the thread's
+        own part of fragment_position), each at a constant index (so acc stays registers: a loop over acc with a
+        run-time index would put it on the stack, in the K loop too)."""
+        check_n(n)
+        count = n // 2
+
+        @intrinsic
+        def stash(typingctx, tile, acc, row0, col0):
+            _check_accumulators("accumulators_stash", acc)
+            if not isinstance(tile, types.Array) or tile.ndim != 2 or tile.dtype != types.float32:
+                raise TypeError(f"accumulators_stash wants a 2-D float32 array, got {tile}")
+
+            def codegen(context, builder, signature, args):
+                tile_type = signature.args[0]
+                array = context.make_array(tile_type)(context, builder, value=args[0])
+                row = context.cast(builder, args[2], signature.args[2], types.intp)
+                col = context.cast(builder, args[3], signature.args[3], types.intp)
+                pointers = _accumulator_pointers(context, builder, signature.args[1], args[1], count)
+                for j, pointer in enumerate(pointers):
+                    indices = [builder.add(row, context.get_constant(types.intp, 8 * ((j // 2) % 2))),
+                               builder.add(col, context.get_constant(types.intp, 8 * (j // 4) + j % 2))]
+                    target = cgutils.get_item_pointer(context, builder, tile_type, array, indices, wraparound=False)
+                    builder.store(builder.load(pointer), target)
+                return context.get_dummy_value()
+
+            return types.void(tile, acc, row0, col0), codegen
+
+        return stash
+
 
 else:
     from .mma import _WarpMeeting
@@ -270,7 +362,7 @@ else:
         with _registry_lock:
             if root_address not in windows:
                 end = max((start + entry.nbytes for start, entry in windows.values()), default=0)
-                windows[root_address] = (-(-end // 128) * 128, root)
+                windows[root_address] = (-(-end // SWIZZLE_ATOM_BYTES) * SWIZZLE_ATOM_BYTES, root)
             window = windows[root_address][0]
         element = smem.__array_interface__["data"][0] + sum(
             int(i) * stride for i, stride in zip((s, r, c), smem.strides))
@@ -279,8 +371,12 @@ else:
     def _read_operand(manager, descriptor, rows: int) -> np.ndarray:
         """The [rows, 16] bf16 operand a descriptor names, as float64, read from the block's shared windows."""
         start, leading, stride, swizzle = decode_descriptor(descriptor)
-        assert swizzle == 0, f"the simulator emulates unswizzled wgmma operands only (descriptor swizzle {swizzle})"
-        offsets = start + k_major_offsets(rows, leading, stride)
+        assert swizzle in (0, SWIZZLE_128B), f"the simulator emulates no swizzle and the 128-byte one, not {swizzle}"
+        if swizzle == SWIZZLE_128B:  # rows 128 bytes apart within an 8-row atom; k's 32 bytes inside one row
+            r, k = np.arange(rows)[:, None], np.arange(WGMMA_K)[None, :]
+            offsets = swizzle_128b(start + (r // 8) * stride + (r % 8) * SWIZZLE_ROW_BYTES + k * 2)
+        else:
+            offsets = start + k_major_offsets(rows, leading, stride)
         low, high = int(offsets.min()), int(offsets.max()) + 2
         for window, root in _windows(manager).values():
             if window <= low and high <= window + root.nbytes:
@@ -329,6 +425,23 @@ else:
             _wgmma_groups(thread)[-1].append((n, acc, desc_a, desc_b, lane))
 
         return mma
+
+    @functools.cache
+    def accumulators_zero(count: int):
+        def zero(acc):
+            acc[:count] = np.float32(0.0)
+
+        return zero
+
+    @functools.cache
+    def accumulators_stash(n: int):
+        check_n(n)
+
+        def stash(tile, acc, row0, col0):
+            for j in range(n // 2):
+                tile[row0 + 8 * ((j // 2) % 2), col0 + 8 * (j // 4) + j % 2] = acc[j]
+
+        return stash
 
     def _land(manager, op):
         n, acc, desc_a, desc_b, lane = op

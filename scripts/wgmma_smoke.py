@@ -15,9 +15,10 @@ compile; both in kernels_numba/wgmma.py's docstring and docs/wgmma.md):
   to tell a descriptor mix-up from a fragment-layout one.
 - gemm:ROUTE, gemm_wgmma against numpy at 3 shapes (64 x 64 x 32, 300 x 200 x 136 with partial tiles, and
   4,096 x 2,048 x 2,048): max |err|, and PASS when within gemm_tc's bound K 2^-23 sum |x w|.
-- time (first route that passed gemm): out = x @ W.T at M 4,096, N 2,048, K 2,048: gemm_wgmma at a few tiles,
-  gemm_tc (mma.sync) and torch.matmul in bf16 when torch imports (cuBLAS), as TFLOP/s (median of 7 batches
-  of 10 back-to-back launches).
+- time (first route that passed gemm): the 1B model's prefill GEMMs (q|k|v, o_proj, gate|up, down_proj at 4,096
+  and 1,024 tokens): gemm_wgmma at a few tiles, gemm_tc (mma.sync) and torch.matmul in bf16 when torch imports
+  (cuBLAS), as TFLOP/s (median of 7 batches of 10 back-to-back launches), and whether gemm_wgmma's bits equal
+  gemm_tc's.
 - pytest, last: `TINYVLLM_TEST_GPU=1 pytest tests/test_wgmma.py` (wgmma at n 8-256, the GEMM at 5 shapes and tiles,
   the ptx route once). Checks stop being started once --budget-s (540 s) is spent.
 """
@@ -43,7 +44,9 @@ from kernels_numba.wgmma import (ROUTES, WARPGROUP, fence_proxy_async, matrix_de
                                  wgmma_bf16, wgmma_commit, wgmma_fence, wgmma_wait_group)
 
 SHAPES = [(64, 64, 32), (300, 200, 136), (4096, 2048, 2048)]
-TIME_SHAPE = (4096, 2048, 2048)
+# the 1B model's prefill GEMMs (M tokens, N out, K in)
+TIME_SHAPES = [(m, n, k, name) for m in (4096, 1024) for n, k, name in
+               ((3072, 2048, "q|k|v"), (2048, 2048, "o_proj"), (16384, 2048, "gate|up"), (2048, 8192, "down_proj"))]
 CHILD_TIMEOUT_S = 300
 
 
@@ -89,8 +92,9 @@ def check_compile(route):
     from kernels_numba.gemm_wgmma import DEFAULT_TILE, gemm_wgmma_kernel
     from kernels_numba.wgmma import kernel_ptx, ptx_target
     kernel = gemm_wgmma_kernel(DEFAULT_TILE, route)
-    args = (cuda.to_device(np.zeros((64, 64), np.uint16)), cuda.to_device(np.zeros((128, 64), np.uint16)),
-            cuda.device_array((64, 128), np.float32))
+    from kernels_numba.common import flat_rows
+    x, w = cuda.to_device(np.zeros((64, 64), np.uint16)), cuda.to_device(np.zeros((128, 64), np.uint16))
+    args = (x, w, *flat_rows(x, w), cuda.device_array((64, 128), np.float32))
     started = time.perf_counter()
     _launch_route(kernel, args, route)
     ptx = kernel_ptx(kernel, args)
@@ -225,48 +229,60 @@ def _numba_event():
 
 
 def check_time(route):
+    """The 1B model's prefill GEMMs (q|k|v, o_proj, gate|up, down_proj at 1,024 and 4,096 tokens): gemm_wgmma at a
+    few tiles, gemm_tc at its own tile_for, torch.matmul bf16 (cuBLAS); TFLOP/s and the best wgmma / cuBLAS ratio.
+    Also whether gemm_wgmma and gemm_tc give the same bits (what a plan switching between them would need)."""
     from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma
-    m, n, k = TIME_SHAPE
-    flops = 2 * m * n * k
-    rng = np.random.default_rng(3)
-    x, w = cuda.to_device(_bits(rng, (m, k))), cuda.to_device(_bits(rng, (n, k)))
-    out = cuda.device_array((m, n), np.float32)
-    print(f"out = x @ W.T, M {m}, N {n}, K {k} ({flops / 1e9:.1f} GFLOP), median of 7 batches of 10 launches:")
-    results = {}
-
-    def report(name, launch, record=_numba_event, synchronize=cuda.synchronize):
-        try:
-            ms = _median_ms(launch, record, synchronize)
-            results[name] = flops / ms / 1e9
-            print(f"  {name}: {ms:.3f} ms, {results[name]:.0f} TFLOP/s", flush=True)
-        except Exception as e:  # noqa: BLE001 (the next one still runs)
-            print(f"  {name}: FAIL {type(e).__name__}: {e}", flush=True)
-
-    for tile in (WgmmaTile(128, 64, 2), WgmmaTile(128, 64, 3), WgmmaTile(256, 64, 2), WgmmaTile(64, 64, 4)):
-        report(f"gemm_wgmma {tile}", lambda tile=tile: gemm_wgmma(x, w, out, tile=tile, route=route))
-    try:
-        from kernels_numba.gemm_tc import gemm_tc, tile_for
-        tc_tile = tile_for(m, n)
-        report(f"gemm_tc (mma.sync) {tc_tile}", lambda: gemm_tc(x, w, out, tile=tc_tile))
-    except Exception as e:  # noqa: BLE001
-        print(f"  gemm_tc: FAIL {type(e).__name__}: {e}")
+    from kernels_numba.gemm_tc import gemm_tc, tile_for
     try:
         import torch
-        xt = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    except ImportError as e:
+        torch = None
+        print(f"torch.matmul: not timed ({e})")
+    rng = np.random.default_rng(3)
+    tiles = [WgmmaTile(256, 2, 4), WgmmaTile(128, 2, 5), WgmmaTile(256, 2, 3), WgmmaTile(192, 2, 4),
+             WgmmaTile(128, 1, 6)]
+    print("median of 7 batches of 10 launches; TFLOP/s", flush=True)
+    ratios = []
+    for m, n, k, name in TIME_SHAPES:
+        flops = 2 * m * n * k
+        x, w = cuda.to_device(_bits(rng, (m, k))), cuda.to_device(_bits(rng, (n, k)))
+        out = cuda.device_array((m, n), np.float32)
+        results = {}
 
-        def torch_event():
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        report("torch.matmul bf16 (cuBLAS, bf16 out)", lambda: torch.matmul(xt, wt.T), torch_event,
-               torch.cuda.synchronize)
-    except Exception as e:  # noqa: BLE001
-        print(f"  torch.matmul: not timed ({type(e).__name__}: {e})")
-    best = max((v for name, v in results.items() if name.startswith("gemm_wgmma")), default=None)
-    cublas = next((v for name, v in results.items() if name.startswith("torch")), None)
-    if best and cublas:
-        print(f"  best gemm_wgmma / cuBLAS: {best / cublas:.2f}")
+        def report(label, launch, record=_numba_event, synchronize=cuda.synchronize):
+            try:
+                ms = _median_ms(launch, record, synchronize)
+                results[label] = flops / ms / 1e9
+                print(f"  {name} {m} x {n} x {k}: {label}: {ms:.3f} ms, {results[label]:.0f} TFLOP/s", flush=True)
+            except Exception as e:  # noqa: BLE001 (the next one still runs)
+                print(f"  {name}: {label}: FAIL {type(e).__name__}: {e}", flush=True)
+
+        for tile in tiles:
+            report(f"gemm_wgmma {tile}", lambda tile=tile: gemm_wgmma(x, w, out, tile=tile, route=route))
+        tc_tile = tile_for(m, n)
+        tc_out = cuda.device_array((m, n), np.float32)
+        report(f"gemm_tc {tc_tile}", lambda: gemm_tc(x, w, tc_out, tile=tc_tile))
+        gemm_wgmma(x, w, out, tile=tiles[0], route=route)
+        differ = int((out.copy_to_host() != tc_out.copy_to_host()).sum())
+        print(f"  {name}: gemm_wgmma vs gemm_tc: {differ} of {m * n} outputs differ in their bits", flush=True)
+        if torch is not None:
+            xt = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+
+            def torch_event():
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                return event
+            report("torch.matmul bf16 (cuBLAS)", lambda: torch.matmul(xt, wt.T), torch_event, torch.cuda.synchronize)
+        best = max(((v, label) for label, v in results.items() if label.startswith("gemm_wgmma")), default=None)
+        cublas = next((v for label, v in results.items() if label.startswith("torch")), None)
+        if best and cublas:
+            ratios.append(best[0] / cublas)
+            print(f"  {name} {m}: best gemm_wgmma {best[0]:.0f} ({best[1]}) / cuBLAS {cublas:.0f} = "
+                  f"{best[0] / cublas:.2f}", flush=True)
+    if ratios:
+        print(f"best gemm_wgmma / cuBLAS over the shapes: min {min(ratios):.2f}, max {max(ratios):.2f}")
     return True
 
 
@@ -320,6 +336,7 @@ def offline(routes) -> int:
     ptxas = os.environ.get("TINYVLLM_PTXAS") or shutil.which("ptxas")
     nvdisasm = os.environ.get("TINYVLLM_NVDISASM") or shutil.which("nvdisasm")
     argtypes = (types.Array(types.uint16, 2, "C"), types.Array(types.uint16, 2, "C"),
+                types.Array(types.uint16, 2, "C"), types.Array(types.uint16, 2, "C"),
                 types.Array(types.float32, 2, "C"))
     failures = 0
     for route in routes:

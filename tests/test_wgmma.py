@@ -7,11 +7,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cuda, jit
+from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cuda, host_version, jit
 from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma, gemm_wgmma_ref
-from kernels_numba.wgmma import (ROUTE_ENV, WARPGROUP, fence_proxy_async, fragment_position, matrix_descriptor,
-                                 ptx_target, shared_address, sm90a_ptx, wgmma_bf16, wgmma_commit, wgmma_fence,
-                                 wgmma_ref, wgmma_route, wgmma_wait_group)
+from kernels_numba.wgmma import (ROUTE_ENV, WARPGROUP, decode_descriptor, fence_proxy_async, fragment_position,
+                                 matrix_descriptor, matrix_descriptor_sw128, ptx_target, shared_address, sm90a_ptx,
+                                 swizzle_128b, wgmma_bf16, wgmma_commit, wgmma_fence, wgmma_ref, wgmma_route,
+                                 wgmma_wait_group)
 from tests.helpers import poisoned
 
 
@@ -22,8 +23,20 @@ def _bf16_bits(rng, shape):
 def test_descriptor_fields_follow_the_ptx_isa():
     # PTX ISA 9.7.15.5.1.2: K-major, no swizzle, tf32 example: LBO 64 * 4 bytes encodes as 16, SBO 32 * 4 as 8;
     # the start address >> 4 in bits 0-13, LBO in 16-29, SBO in 32-45, swizzle 0 in 62-63.
-    descriptor = int(matrix_descriptor(np.uint32(0x1230), 64 * 4, 32 * 4))
+    descriptor = int(host_version(matrix_descriptor)(np.uint32(0x1230), 64 * 4, 32 * 4))
     assert descriptor == 0x123 | 16 << 16 | 8 << 32
+
+
+def test_sw128_descriptor_and_swizzle():
+    # mode 1 (128-byte swizzle) in bits 62-63, SBO 1,024 bytes (encoded 64), LBO 16 bytes (encoded 1)
+    sw128 = host_version(matrix_descriptor_sw128)
+    assert int(sw128(np.uint32(0x2400))) == 0x240 | 1 << 16 | 64 << 32 | 1 << 62
+    assert decode_descriptor(sw128(np.uint32(0x2400 + 32))) == (0x2420, 16, 1024, 1)
+    # row r of an atom: its 16-byte chunks permuted by XOR with r (a permutation of the row's 8 chunks)
+    for r in range(8):
+        chunks = [swizzle_128b(r * 128 + c * 16) for c in range(8)]
+        assert chunks == [r * 128 + (c ^ r) * 16 for c in range(8)]
+    assert swizzle_128b(1024 + 3 * 128 + 5) == 1024 + 3 * 128 + (0 ^ 3) * 16 + 5
 
 
 def test_fragment_position_is_figure_149():
@@ -96,16 +109,17 @@ def _assert_within_bound(got, x_bits, w_bits):
 
 
 SIMULATOR_CASES = [
-    (64, 64, 32, WgmmaTile(64, 16, 2)),
-    (40, 56, 24, WgmmaTile(64, 16, 2)),  # M, N short of a tile; K ends inside a slice (copies past edges fill zeros)
-    (70, 72, 48, WgmmaTile(64, 16, 3)),  # two blocks each way; 3 stages (cp.async.wait_group 1)
+    (64, 32, 64, WgmmaTile(16, 1, 3, 2)),
+    (40, 56, 24, WgmmaTile(16, 1, 3, 2)),   # M, N short of a tile; K ends inside a slice (copies past edges fill zeros)
+    (150, 40, 200, WgmmaTile(16, 2, 4, 2)),  # two warpgroups a block, 2 x 3 blocks in groups, 4 slices over 4 stages
 ]
 GPU_CASES = [
-    (64, 64, 32, WgmmaTile(64, 16, 2)),
-    (300, 200, 136, WgmmaTile(64, 16, 2)),    # partial tiles in M and N, K not a multiple of the slice
-    (1000, 1000, 1032, WgmmaTile(128, 64, 2)),
-    (257, 384, 2048, WgmmaTile(128, 64, 3)),  # 3 stages: cp.async.wait_group 1
-    (512, 256, 512, WgmmaTile(256, 64, 2)),
+    (64, 64, 32, WgmmaTile(64, 1, 3)),
+    (300, 200, 136, WgmmaTile(64, 2, 3)),      # partial tiles in M and N, K not a multiple of the slice
+    (1000, 1000, 1032, WgmmaTile(128, 2, 4)),
+    (257, 384, 2048, WgmmaTile(256, 2, 4, 2)),  # grouped order with a short last group
+    (512, 256, 512, WgmmaTile(256, 1, 5)),
+    (4096, 2048, 2048, WgmmaTile(256, 2, 4)),  # the 1B's o_proj at a 4,096-token prefill
 ]
 
 
@@ -137,7 +151,7 @@ def test_route_comes_from_the_environment():
 def test_gemm_wgmma_through_the_ptx_route(rng):
     x_bits, w_bits = _bf16_bits(rng, (130, 72)), _bf16_bits(rng, (200, 72))
     out = poisoned((130, 200), np.float32)
-    gemm_wgmma(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=WgmmaTile(128, 64, 2), route="ptx")
+    gemm_wgmma(cuda.to_device(x_bits), cuda.to_device(w_bits), out, tile=WgmmaTile(128, 2, 3), route="ptx")
     _assert_within_bound(out.copy_to_host(), x_bits, w_bits)
 
 
@@ -152,3 +166,47 @@ def test_the_smoke_script_names_a_bad_route_in_one_line(routes):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     message = f"--routes takes a comma-separated subset of numba,ptx, got {routes!r}"
     assert done.stderr.splitlines()[-1].endswith(message)
+
+
+# ---- the same bits as gemm_tc, and gemm_tc's SwiGLU epilogue ----
+# Both add each k16 step's 16 products to float32 accumulators in K order (on the GPU: measured identical at the
+# 1B model's prefill shapes, scripts/wgmma_smoke.py), so a plan may take either for any rows and stay invariant.
+SAME_BITS_CASES = [(40, 48, 136, WgmmaTile(16, 1, 3, 2))] if SIMULATOR else [
+    (300, 200, 136, WgmmaTile(64, 2, 3)), (1000, 3072, 2048, WgmmaTile(256, 2, 4)),
+    (77, 2048, 8192, WgmmaTile(128, 2, 5))]
+
+
+@pytest.mark.parametrize("m, n, k, tile", SAME_BITS_CASES)
+def test_gemm_wgmma_gives_gemm_tc_bits(rng, m, n, k, tile):
+    from kernels_numba.gemm_tc import gemm_tc, tile_for
+    x = rng.standard_normal((m, k)).astype(np.float32)  # float32 x: both round it to bf16 first
+    w_bits = _bf16_bits(rng, (n, k))
+    x_dev, w_dev = cuda.to_device(x), cuda.to_device(w_bits)
+    got = gemm_wgmma(x_dev, w_dev, poisoned((m, n), np.float32), tile=tile).copy_to_host()
+    tc_tile = SIMULATOR_TC_TILE if SIMULATOR else tile_for(m, n)
+    np.testing.assert_array_equal(got, gemm_tc(x_dev, w_dev, tile=tc_tile).copy_to_host())
+
+
+SIMULATOR_TC_TILE = None
+if SIMULATOR:
+    from kernels_numba.gemm_tc import TileShape
+    SIMULATOR_TC_TILE = TileShape(16, 32, 32, 1, 1)
+
+
+@pytest.mark.parametrize("m, intermediate, k, tile", [(21, 45, 72, WgmmaTile(16, 1, 3, 2))] if SIMULATOR else [
+    (21, 45, 72, WgmmaTile(64, 2, 3)), (1030, 8192, 2048, WgmmaTile(256, 2, 4))])
+def test_gemm_wgmma_swiglu_matches_ref_and_gemm_tc(rng, m, intermediate, k, tile):
+    """I odd: the up half of W starts at an odd row; M and 2 I end in partial tiles."""
+    from kernels_numba.epilogues import SwiGLUEpilogue
+    from kernels_numba.gemm_wgmma import gemm_wgmma_fused
+    from tests.test_gemm_tc import _assert_swiglu_within_bound, _swiglu_inputs, _swiglu_fused
+    x, w_bits = _swiglu_inputs(rng, m, intermediate, k)
+    out = poisoned((m, intermediate), np.uint16)
+    result = gemm_wgmma_fused(cuda.to_device(x), cuda.to_device(w_bits), SwiGLUEpilogue(bf16=True), out=out,
+                              tile=tile)
+    assert result.out is out
+    got = out.copy_to_host()
+    columns = None if intermediate < 1000 else np.arange(0, intermediate, 97)  # (the float64 reference's cost)
+    _assert_swiglu_within_bound(got, x, w_bits, columns)
+    from kernels_numba.gemm_tc import tile_for
+    np.testing.assert_array_equal(got, _swiglu_fused(x, w_bits, SIMULATOR_TC_TILE or tile_for(m, 2 * intermediate)))
