@@ -129,3 +129,23 @@ def test_a_setting_other_than_true_false_or_none_is_refused(setting):
     # "off" would otherwise read as true, 0 as false: the engine would run what was not asked
     with pytest.raises(TinyVLLMError, match=f"batch_invariant must be True, False or None, got {setting!r}"):
         EngineConfig(batch_invariant=setting)
+
+
+@pytest.mark.slow  # (the simulator's wgmma twin: minutes)
+def test_steps_large_enough_for_wgmma_give_the_same_bits(model, monkeypatch):
+    """Where the plan has wgmma, steps of WGMMA_MIN_ROWS rows or more run their GEMMs on gemm_wgmma: TARGET alone
+    (13 rows, gemm_tc) and among others in one 42-row step (gemm_wgmma) get the same bits."""
+    import tinyvllm.runner.kernel_plan as kernel_plan
+    import tinyvllm.runner.model_runner as model_runner
+    from kernels_numba.common import SIMULATOR
+    from kernels_numba.wgmma import wgmma_available
+    if not SIMULATOR and not wgmma_available():
+        pytest.skip("this GPU has no wgmma (compute capability 9.0)")
+    monkeypatch.setattr(model_runner, "wgmma_available", lambda: True)
+    monkeypatch.setattr(kernel_plan, "WGMMA_MIN_ROWS", 16)
+    alone_engine = engine(model, "fast")
+    assert alone_engine.runner.forward_pass.plan.wgmma
+    (out,) = alone_engine.generate([TARGET], PARAMS)
+    outs = engine(model, "fast").generate([OTHERS[0], TARGET, OTHERS[1]], PARAMS)
+    assert_same_bits(result(outs[1]), result(out))
+    assert_same_bits(result(out), alone(model, "fast"))

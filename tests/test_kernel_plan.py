@@ -121,3 +121,18 @@ def test_invariant_decode_steps_take_the_narrow_tile_which_the_swiglu_epilogue_a
     assert p.tc_tile(1, HIDDEN) == p.tc_tile(16, INTERMEDIATE) == INVARIANT_DECODE_TILE
     assert p.tc_tile(17, HIDDEN) == dependent.tc_tile(17, HIDDEN) and dependent.tc_tile(1, HIDDEN) != INVARIANT_DECODE_TILE
     _gemm_tc_kernel(INVARIANT_DECODE_TILE, residual=False, split=False, swiglu=True)  # its asserts hold for the tile
+
+
+@pytest.mark.parametrize("where", [GPU, GPU_DEPENDENT])
+def test_hopper_plans_take_large_steps_to_wgmma(where):
+    """gemm_wgmma gives gemm_tc's bits (tests/test_wgmma.py), so the invariant plan may switch at WGMMA_MIN_ROWS too."""
+    import dataclasses
+    from tinyvllm.runner.kernel_plan import WGMMA_MIN_ROWS
+    p = dataclasses.replace(plan("fast", where), wgmma=True)
+    assert p.projection(WGMMA_MIN_ROWS - 1, HIDDEN).name == "gemm_tc.gemm_tc"
+    assert p.projection(WGMMA_MIN_ROWS, HIDDEN).name == p.projection(4096, INTERMEDIATE).name == "gemm_wgmma.gemm_wgmma"
+    assert p.gate(4096, HIDDEN, INTERMEDIATE).name == (
+        "gemm_wgmma.gemm_wgmma (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)")
+    assert p.gate(WGMMA_MIN_ROWS - 1, HIDDEN, INTERMEDIATE).name.startswith("gemm_tc.gemm_tc")
+    fp32 = dataclasses.replace(plan("fp32", where), wgmma=True)
+    assert "wgmma" not in fp32.projection(4096, HIDDEN).name

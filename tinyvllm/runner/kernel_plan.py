@@ -17,7 +17,9 @@ only these choices differ (the batch-dependent plans', --no-batch-invariant; the
 |                                              |                                  | gemm_tc past it                |
 | q|k|v, o_proj, gate|up, the LM head's rows   | gemv (<= 8 rows, odd K),         | gemm_tc (x rounded to bf16 by  |
 | (projection)                                 | gemv_coalesced (<= 32 rows),     | gemm_tc's to_bf16_rows) from   |
-|                                              | gemm_blocked beyond              | tc_min_rows(); below: as fp32  |
+|                                              | gemm_blocked beyond              | tc_min_rows(); below: as fp32; |
+|                                              |                                  | on Hopper gemm_wgmma from      |
+|                                              |                                  | WGMMA_MIN_ROWS (same bits)     |
 | silu(gate) * up, then down_proj (gate)       | silu_mul_gate_up, projection     | in gate|up's gemm_tc (Swi-     |
 |                                              |                                  | GLUEpilogue, bf16 out: fuses_  |
 |                                              |                                  | swiglu; else silu_mul_gate_up  |
@@ -89,6 +91,8 @@ from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, tc_qu
 from kernels_numba.common import SIMULATOR, device_empty
 from kernels_numba.epilogues import SwiGLUEpilogue
 from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc, gemm_tc_fused
+from kernels_numba.gemm_wgmma import SIMULATOR_TILE as SIMULATOR_WGMMA_TILE
+from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma_fused
 
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.runner.choices import PRECISIONS, check_precision
@@ -107,6 +111,13 @@ INVARIANT_DECODE_TILE = TileShape(16, 16, 128, 1, 1, 8)
 # sooner than gemm_blocked does (fp32's crossover, matmul.MAX_COALESCED_TOKENS). A decode graph runs its bucket's
 # rows: batches 1 and 2 stay on the GEMVs. Measured: docs/bench-h200.md. TINYVLLM_FAST_GEMV_MAX_TOKENS overrides it.
 FAST_GEMV_MAX_TOKENS = int(os.environ.get("TINYVLLM_FAST_GEMV_MAX_TOKENS", 2))
+
+# Steps of at least this many rows take their tensor-core projections to wgmma (gemm_wgmma) where the GPU has it
+# (KernelPlan.wgmma: Hopper), below to gemm_tc's mma.sync: both add each k16 step's products in K order, so a row
+# gets the same bits from either and the switch keeps batch invariance (tests/test_wgmma.py). Measured:
+# docs/wgmma.md.
+WGMMA_MIN_ROWS = 512
+WGMMA_TILE = WgmmaTile(256, 2, 4)
 
 def resolve_precision(requested: str, weight_dtype, simulator: bool = SIMULATOR) -> str:
     """"fp32" or "fast" for a requested precision (one of PRECISIONS) and the model's device weight dtype; a
@@ -147,6 +158,7 @@ class KernelPlan:
     group: int            # n_heads // n_kv_heads
     simulator: bool = SIMULATOR
     batch_invariant: bool = True  # the same kernels, reducing in the same order, for every row count and mix
+    wgmma: bool = False   # the GPU runs wgmma (kernels_numba.wgmma.wgmma_available): large steps' GEMMs on it
 
     def __post_init__(self):
         assert self.precision in PRECISIONS and self.precision != "auto", self.precision
@@ -174,6 +186,13 @@ class KernelPlan:
             return 1
         return _gemm_tc.split_for(rows, out_features, in_features, tile)
 
+    def wgmma_tile(self, rows: int) -> WgmmaTile | None:
+        """gemm_wgmma's tile for a tensor-core projection of `rows` rows, or None for gemm_tc: wgmma from
+        WGMMA_MIN_ROWS where the plan has it."""
+        if not (self.wgmma and rows >= WGMMA_MIN_ROWS):
+            return None
+        return SIMULATOR_WGMMA_TILE if self.simulator else WGMMA_TILE
+
     def tc_min_rows(self) -> int:
         """The fewest rows a projection takes to the tensor cores: 1 where invariant (a lone row rounded to bf16 as in
         any batch); else 2 in the simulator and past the fast plan's GEMV crossover on a GPU."""
@@ -194,6 +213,9 @@ class KernelPlan:
     def projection(self, rows: int, in_features: int) -> Kernel:
         """y = x @ W.T for x [rows, in_features]: gemm_tc (x float32 or uint16 bf16 bits) where the tensor cores take
         it, else matmul.linear_kernel's choice (gemv, gemv_coalesced or gemm_blocked)."""
+        if self.uses_tensor_cores(rows, in_features) and self.wgmma_tile(rows) is not None:
+            return Kernel("gemm_wgmma.gemm_wgmma",
+                          lambda x, w: gemm_wgmma_fused(x, w, tile=self.wgmma_tile(x.shape[0])).out)
         if self.uses_tensor_cores(rows, in_features):
             def tensor_cores(x, w):
                 tile = self.tc_tile(x.shape[0], w.shape[0])
@@ -226,7 +248,7 @@ class KernelPlan:
         if not (self.uses_tensor_cores(rows, hidden) and self.uses_tensor_cores(rows, intermediate)):
             return False
         width = 2 * intermediate
-        return self.tc_splits(rows, width, hidden, self.tc_tile(rows, width)) == 1
+        return self.wgmma_tile(rows) is not None or self.tc_splits(rows, width, hidden, self.tc_tile(rows, width)) == 1
 
     def swiglu(self, rows: int, intermediate: int) -> Kernel:
         """silu(gate) * up of the gate|up projection's output, for down_proj: bf16 bits when down_proj runs on tensor
@@ -238,6 +260,11 @@ class KernelPlan:
     def gate(self, rows: int, hidden: int, intermediate: int) -> Kernel:
         """(x, W = [Wg; Wu]) -> silu(x Wg) * (x Wu) for down_proj: one gemm_tc launch writing bf16 where fuses_swiglu,
         else the gate|up projection then swiglu."""
+        if self.fuses_swiglu(rows, hidden, intermediate) and self.wgmma_tile(rows) is not None:
+            def fused_wgmma(x, w_gate_up):
+                return gemm_wgmma_fused(x, w_gate_up, SwiGLUEpilogue(bf16=True), tile=self.wgmma_tile(x.shape[0])).out
+            return Kernel("gemm_wgmma.gemm_wgmma (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)",
+                          fused_wgmma)
         if self.fuses_swiglu(rows, hidden, intermediate):
             def fused(x, w_gate_up):
                 tile = self.tc_tile(x.shape[0], w_gate_up.shape[0])

@@ -18,6 +18,7 @@ import numpy as np
 
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.embedding import take_rows
+from kernels_numba.wgmma import wgmma_available
 
 from tinyvllm.engine.config import EngineConfig
 from tinyvllm.engine.scheduler_output import SchedulerOutput
@@ -59,7 +60,7 @@ class ModelRunner:
         self.inv_freq = cuda.to_device(self.inv_freq)
         c = self.config
         plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads,
-                          batch_invariant=self.batch_invariant)
+                          batch_invariant=self.batch_invariant, wgmma=wgmma_available())
         self.forward_pass = ForwardPass(c, self.weights, self.kv_pool, self.inv_freq, plan)
 
     @classmethod
