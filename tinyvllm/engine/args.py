@@ -29,6 +29,9 @@ def add_engine_arguments(parser) -> None:
     e.add_argument("--no-chunked-prefill", action="store_true",
                    help="prefill each prompt in one step (default: chunks within the token budget)")
     e.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prefixes")
+    e.add_argument("--compile-workers", type=int, metavar="N",
+                   help="processes compiling the CUDA-graph steps' kernels at a first start (default: the CPU cores, "
+                        "at most 16; 0: each compiles at its first launch)")
     add_precision_arguments(e)
     invariance = e.add_mutually_exclusive_group()
     invariance.add_argument("--batch-invariant", dest="batch_invariant", action="store_true", default=None,
@@ -49,7 +52,7 @@ def engine_config_from_args(args, reference: bool = False, **overrides):
         block_size=args.block_size, num_blocks=args.num_blocks, gpu_memory_fraction=args.gpu_memory_fraction,
         max_model_len=args.max_model_len, chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching, batching=args.batching,
-        kv_cache_dtype=args.kv_cache_dtype, precision=args.precision,
+        kv_cache_dtype=args.kv_cache_dtype, precision=args.precision, compile_workers=args.compile_workers,
         batch_invariant=True if reference and args.batch_invariant is None else args.batch_invariant)
     return EngineConfig(**(fields | overrides))
 

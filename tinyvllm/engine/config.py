@@ -37,6 +37,9 @@ class EngineConfig:
     batch_invariant: bool | None = None   # a request's tokens and logprobs whatever shares its steps
     #                                       (KernelPlan.batch_invariant, docs/batch-invariance.md); None: on, except
     #                                       the fast precision on a GPU (invariant_for)
+    compile_workers: int | None = None    # processes compiling the CUDA-graph steps' kernels at a first start
+    #                                       (runner/compile_workers.py); None: the CPU cores (at most 16); 0 or 1:
+    #                                       none, each kernel compiles at its first launch
 
     def __post_init__(self):
         def check(ok, message):
@@ -51,6 +54,8 @@ class EngineConfig:
         check(self.batching in ("continuous", "static"), f"batching must be continuous or static, got {self.batching!r}")
         check(self.batch_invariant is None or type(self.batch_invariant) is bool,
               f"batch_invariant must be True, False or None, got {self.batch_invariant!r}")
+        check(self.compile_workers is None or self.compile_workers >= 0,
+              f"compile_workers must be >= 0, got {self.compile_workers}")
         check_kv_cache_dtype(self.kv_cache_dtype)
         check_precision(self.precision)
 

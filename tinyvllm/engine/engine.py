@@ -51,6 +51,8 @@ class LLMEngine:
                  log=log_to_stderr):
         self.config = config = config or EngineConfig()
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
+        self._reloadable = not isinstance(model, LoadedModel)  # a compile worker can load `model` again
+        self._model_source, self._log = model, log
         c = self.model.config
         self.max_model_len = config.max_model_len_for(c.max_position_embeddings)
         self.runner = ModelRunner.for_engine(self.model, config, self.max_model_len, log=log)
@@ -143,7 +145,13 @@ class LLMEngine:
     def capture_graphs(self, log=None) -> None:
         """Capture every decode and prefill CUDA-graph bucket now (as vLLM does at start), not on first use:
         for a measurement whose timed part must not include captures (and first compiles of tile shapes).
-        Without CUDA graphs, nothing."""
+        Without CUDA graphs, nothing. A first start (kernels neither compiled nor in the disk cache) compiles them in
+        parallel worker processes first (runner/compile_workers.py; EngineConfig.compile_workers)."""
+        workers = self.config.compile_workers
+        if self._reloadable and (workers is None or workers > 1):
+            from tinyvllm.runner.compile_workers import compile_graph_kernels
+            compile_graph_kernels(self._model_source, self.config, self.runner, self.model.weights,
+                                  log or self._log, workers)
         self.runner.capture_graphs(log)
 
     @property

@@ -1,0 +1,60 @@
+"""A first start compiles the CUDA-graph steps' kernels in worker processes (runner/compile_workers.py): each run
+here is a fresh process with an empty kernel cache of its own, on the GPU (the simulator compiles nothing)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels_numba.common import SIMULATOR
+from tinyvllm.engine.config import EngineConfig
+from tinyvllm.errors import TinyVLLMError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+START = """
+import json, sys
+from kernels_numba.common import kernel_cache_stats
+from tinyvllm.engine.engine import EngineConfig, LLMEngine
+from tinyvllm.engine.sampling_params import SamplingParams
+from tinyvllm.runner.compile_workers import discover_graph_kernels
+messages = []
+engine = LLMEngine(None, EngineConfig(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64,
+                                      compile_workers=int(sys.argv[1]), precision="fast"), log=messages.append)
+engine.capture_graphs(messages.append)
+compiled, loaded = kernel_cache_stats()
+left = len(discover_graph_kernels(engine.runner))
+out = engine.generate(["The sun rose", "Hi there"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+print("RESULT " + json.dumps({"tokens": [o.token_ids for o in out], "compiled": compiled, "left": left,
+                              "messages": messages}))
+"""
+
+
+def _start(workers: int, cache: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "TINYVLLM_KERNEL_CACHE_DIR")}
+    done = subprocess.run([sys.executable, "-c", START, str(workers)], cwd=ROOT, capture_output=True, text=True,
+                          env=env | {"XDG_CACHE_HOME": str(cache)}, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_compile_workers_must_not_be_negative():
+    with pytest.raises(TinyVLLMError, match="compile_workers"):
+        EngineConfig(compile_workers=-1)
+
+
+@pytest.mark.skipif(SIMULATOR, reason="the simulator compiles nothing")
+def test_workers_compile_what_the_graphs_need_and_the_tokens_stay_the_same(tmp_path):
+    parallel = _start(4, tmp_path / "parallel")
+    assert any("processes" in m and "compiled" in m for m in parallel["messages"]), parallel["messages"]
+    # every graph kernel came from the workers: none compiled here, none left for a later launch
+    assert parallel["left"] == 0
+    serial = _start(0, tmp_path / "serial")
+    assert not any("processes" in m for m in serial["messages"])
+    assert serial["compiled"] > parallel["compiled"]
+    assert parallel["tokens"] == serial["tokens"]
+    warm = _start(4, tmp_path / "parallel")  # the workers' kernels were saved to the disk cache
+    assert not any("processes" in m for m in warm["messages"]) and warm["tokens"] == serial["tokens"]

@@ -1,0 +1,156 @@
+"""A first start that compiles in parallel: the kernels the CUDA-graph steps need, compiled in worker processes
+before the graphs are captured, instead of one at a time as each bucket's recording pass first launches them.
+
+    compile_graph_kernels(engine_source, runner, log=print)   # then runner.capture_graphs() finds them compiled
+
+1. Discover (kernels_numba.compile_ahead): every bucket's recording pass runs with launches that launch nothing,
+   listing each (kernel, argument types) neither compiled nor in the disk cache. A warm cache lists none: done.
+2. Start N workers (`python -m tinyvllm.runner.compile_workers SPEC I OUT`), N at most the misses, the CPU cores
+   and what the GPU's free memory holds of the model (each loads its own copy, with a small KV pool: the pool's
+   size changes no kernel). Worker i builds the same runner, discovers the same list and compiles misses
+   i, i + N, ...; its payloads come back in a file.
+3. Install each payload whose identity matches (loaded here, saved to the disk cache for the next start).
+A worker that fails or times out costs nothing but time: what it did not deliver compiles at its first launch as
+before. GPU only; the simulator compiles nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from kernels_numba.compile_ahead import Miss, compile_payload, discovering, identity, install
+
+WORKER_TIMEOUT_S = 900
+MAX_WORKERS = 16
+WORKER_OVERHEAD_BYTES = 1 << 30  # a CUDA context, activations, a small KV pool
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    model: str | None     # the engine's model source (None: the demo model)
+    config: object        # its EngineConfig, with a small KV pool
+    workers: int
+
+
+@contextmanager
+def _recording_only():
+    """CapturedStep records its pass (the eager launches) but captures no graph."""
+    from tinyvllm.runner.cuda_graphs import CapturedStep
+    original = CapturedStep._capture
+    CapturedStep._capture = lambda step: None
+    try:
+        yield
+    finally:
+        CapturedStep._capture = original
+
+
+def discover_graph_kernels(runner) -> list[Miss]:
+    """The kernels every CUDA-graph bucket of the runner launches that are neither compiled nor in the disk cache,
+    in the order capture_graphs would first launch them (no step is kept)."""
+    misses = []
+    with discovering() as found, _recording_only():
+        for graphs in (runner.decode_graphs, runner.prefill_graphs):
+            if graphs is not None:
+                for bucket in sorted(graphs.buckets, reverse=True):
+                    graphs._make(bucket)
+        misses = list(found)
+    return misses
+
+
+def _device_bytes(value, seen=None) -> int:
+    """Bytes of the device arrays reachable from `value` (dataclasses, lists, dicts)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if hasattr(value, "__cuda_array_interface__"):
+        return int(value.nbytes)
+    if dataclasses.is_dataclass(value):
+        return sum(_device_bytes(getattr(value, f.name), seen) for f in dataclasses.fields(value))
+    if isinstance(value, (list, tuple)):
+        return sum(_device_bytes(v, seen) for v in value)
+    if isinstance(value, dict):
+        return sum(_device_bytes(v, seen) for v in value.values())
+    return 0
+
+
+def worker_count(misses: int, weight_bytes: int, requested: int | None = None) -> int:
+    """How many workers: `requested` (or the CPU cores, at most MAX_WORKERS), no more than the misses, nor than
+    half the GPU's free memory holds copies of the model."""
+    from kernels_numba.common import cuda
+    cores = requested if requested is not None else min(MAX_WORKERS, os.cpu_count() or 1)
+    free, _ = cuda.current_context().get_memory_info()
+    fit = int(free * 0.5 // (weight_bytes + WORKER_OVERHEAD_BYTES))
+    return max(0, min(cores, misses, fit))
+
+
+def compile_graph_kernels(model_source, config, runner, weights, log=None, workers: int | None = None) -> int:
+    """Compile what the runner's CUDA-graph buckets will launch, in parallel worker processes, and install it here.
+    Returns how many kernels were installed (0: nothing to compile, or too little to be worth processes)."""
+    from kernels_numba.common import SIMULATOR
+    if SIMULATOR or (runner.decode_graphs is None and runner.prefill_graphs is None):
+        return 0
+    log = log or (lambda message: None)
+    start = time.perf_counter()
+    misses = discover_graph_kernels(runner)
+    count = worker_count(len(misses), _device_bytes(weights), workers)
+    if count < 2:
+        return 0
+    blocks = math.ceil(config.max_model_len_for(runner.config.max_position_embeddings) / config.block_size) + 1
+    spec = WorkerSpec(None if model_source is None else str(model_source),
+                      dataclasses.replace(config, num_blocks=blocks), count)
+    log(f"compiling {len(misses)} kernels in {count} processes (a first start; the next one loads them)")
+    with tempfile.TemporaryDirectory(prefix="tinyvllm-compile-") as folder:
+        spec_path = Path(folder, "spec.pickle")
+        spec_path.write_bytes(pickle.dumps(spec))
+        outs = [Path(folder, f"worker-{i}.pickle") for i in range(count)]
+        logs = [open(Path(folder, f"worker-{i}.log"), "w") for i in range(count)]
+        processes = [subprocess.Popen([sys.executable, "-m", "tinyvllm.runner.compile_workers", str(spec_path),
+                                       str(i), str(out)], stdout=logs[i], stderr=subprocess.STDOUT)
+                     for i, out in enumerate(outs)]
+        installed = 0
+        for i, process in enumerate(processes):
+            try:
+                code = process.wait(timeout=max(1.0, WORKER_TIMEOUT_S - (time.perf_counter() - start)))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = "timed out"
+            logs[i].close()
+            if code != 0 or not outs[i].exists():
+                tail = Path(logs[i].name).read_text(errors="replace").strip().splitlines()[-3:]
+                log(f"compile worker {i} failed ({code}): {' | '.join(tail)}; its kernels compile at first launch")
+                continue
+            for index, who, payload in pickle.loads(outs[i].read_bytes()):
+                if index < len(misses) and identity(misses[index]) == who:
+                    install(misses[index], payload)
+                    installed += 1
+    log(f"compiled {installed} of {len(misses)} kernels in {count} processes in {time.perf_counter() - start:.1f} s")
+    return installed
+
+
+def worker(spec_path: str, index: int, out_path: str) -> int:
+    """Worker `index`: build the spec's runner, discover the same misses, compile its share, write the payloads."""
+    from tinyvllm.model.loader import load_model
+    from tinyvllm.runner.model_runner import ModelRunner
+    spec: WorkerSpec = pickle.loads(Path(spec_path).read_bytes())
+    quiet = lambda message: None  # noqa: E731
+    model = load_model(spec.model, log=quiet)
+    max_model_len = spec.config.max_model_len_for(model.config.max_position_embeddings)
+    misses = discover_graph_kernels(ModelRunner.for_engine(model, spec.config, max_model_len, log=quiet))
+    results = [(i, identity(misses[i]), compile_payload(misses[i])) for i in range(index, len(misses), spec.workers)]
+    partial = Path(out_path + ".partial")
+    partial.write_bytes(pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL))
+    os.replace(partial, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
