@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
 from kernels_numba.common import SIMULATOR
+from kernels_numba.compile_ahead import Miss, identity
 from tinyvllm.engine.config import EngineConfig
 from tinyvllm.errors import TinyVLLMError
 
@@ -39,6 +42,21 @@ def _start(workers: int, cache: Path) -> dict:
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
+
+
+def _factory(n):
+    def kernel(x):
+        return x + n
+    return kernel
+
+
+def test_a_miss_is_known_in_any_process_by_its_function_closure_and_argument_types():
+    """What a worker's payload is checked against before it is installed (the same in every process)."""
+    one, two = SimpleNamespace(py_func=_factory(1)), SimpleNamespace(py_func=_factory(2))
+    assert identity(Miss(one, ("int32",))) == identity(Miss(SimpleNamespace(py_func=_factory(1)), ("int32",)))
+    assert identity(Miss(one, ("int32",))) != identity(Miss(two, ("int32",)))
+    assert identity(Miss(one, ("int32",))) != identity(Miss(one, ("float32",)))
+    assert identity(Miss(one, ("int32",)))[0].endswith("_factory.<locals>.kernel")
 
 
 def test_compile_workers_must_not_be_negative():
