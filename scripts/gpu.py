@@ -231,7 +231,8 @@ class Tool:
 TOOLS = {
     "decode": Tool("profile_decode.py", "~1.5 min: a decode step, graph vs eager, per stage, at batch 1 / 64 / 256",
                    ["--steps", "10", "--batches", "1,64,256"], True),
-    "prefill": Tool("profile_prefill.py", "~1 min: one prompt's prefill step stage by stage", needs_model=True),
+    "prefill": Tool("profile_prefill.py", "~1 min: a prompt's prefill graph, each stage's GPU time "
+                    "against its floor", needs_model=True),
     "throughput": Tool("profile_throughput.py", "~3 min: the 256-request workload's steps, prefill vs decode by "
                        "batch size", needs_model=True),
     "ttft": Tool("profile_ttft.py", "~1 min: where a 1,024 / 4,096-token prompt's time to first token goes",

@@ -1,74 +1,102 @@
-"""Where a prefill's time goes on the GPU: one prompt of T tokens, its first engine step, stage by stage.
+"""Where a prefill step's time goes on the GPU: one prompt's captured prefill graph timed alone (CUDA events, no
+host work), then each stage captured as a graph of its own and timed alone, each against its floor (its FLOPs at
+the dense bf16 peak, its bytes at the copy bandwidth: tinyvllm.bench.stage_costs).
 
-    python scripts/profile_prefill.py [--model-dir /tmp/llama-1b-random] [--tokens 128,1024,4096] [--precision fast]
-For each T: the wall time of the step as the engine runs it (launches asynchronous, then one synchronize), and the
-same step with a synchronize after each stage, whose per-stage host wall times (Stage.seconds) are summed by stage
-kind (q, attn, mlp, ...) and by kernel. Launch overhead shows as the gap between the synchronized stages' sum and
-the kernels' GPU time (CUDA events around the whole step).
+    python scripts/profile_prefill.py [--model-dir /tmp/llama-1b-random] [--tokens 1024,4096] [--precision fast]
+
+The stages' sum against the whole graph shows what the gaps between kernels cost; each stage's ms against its
+floor what its kernel leaves. GPU only.
 """
 import argparse
-import collections
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def one_step(engine, tokens: int, rng, synchronize: bool):
-    from kernels_numba.common import cuda
-    from tinyvllm.engine.sampling_params import SamplingParams
-    ids = rng.integers(1, min(engine.model.config.vocab_size, 20000), tokens).tolist()
-    engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-    stages = []
-    cuda.synchronize()
-    start = time.perf_counter()
-    generator = engine.step_stages(synchronize=synchronize)
-    try:
-        while True:
-            stages.append(next(generator))
-    except StopIteration:
-        pass
-    cuda.synchronize()
-    seconds = time.perf_counter() - start
-    while engine.has_unfinished_requests():
-        engine.step()
-    return seconds, stages
+DENSE_BF16_TFLOPS = 989.0  # H100 / H200 SXM, dense
+COPY_GB_S = 4230.0         # the H200's measured copy bandwidth (tinyvllm bench prints it)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", default="/tmp/llama-1b-random")
-    parser.add_argument("--tokens", default="128,1024,4096")
-    parser.add_argument("--precision", default="fast")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tokens", default="1024,4096", help="prompt lengths, comma-separated")
+    parser.add_argument("--precision", choices=("fast", "fp32"), default="fast")
+    parser.add_argument("--repeats", type=int, default=10, help="graph launches a timing averages")
     args = parser.parse_args()
     from tinyvllm.engine.engine import EngineConfig, LLMEngine
-    sizes = [int(t) for t in args.tokens.split(",")]
-    engine = LLMEngine(args.model_dir, EngineConfig(precision=args.precision, max_model_len=max(sizes) + 8,
-                                                    max_num_batched_tokens=max(sizes), max_num_seqs=4,
-                                                    num_blocks=max(sizes) // 16 + 64, enable_prefix_caching=False),
-                       log=print)
-    rng = np.random.default_rng(0)
-    for tokens in sizes:
-        one_step(engine, tokens, rng, False)  # compile this size's kernels
-        free = sorted(one_step(engine, tokens, rng, False)[0] for _ in range(args.repeats))[args.repeats // 2]
-        synced, stages = one_step(engine, tokens, rng, True)
-        by_kind, by_kernel = collections.Counter(), collections.Counter()
-        for s in stages:
-            kind = s.name.split(".")[-1] if s.name.startswith("layers.") else s.name
-            by_kind[kind] += s.seconds
-            by_kernel[s.kernel] += s.seconds
-        total = sum(s.seconds for s in stages)
-        print(f"\nT={tokens} precision {engine.precision}: step {free * 1e3:.1f} ms as the engine runs it (median of "
-              f"{args.repeats}); synchronized per stage {synced * 1e3:.1f} ms, of which stages {total * 1e3:.1f} ms "
-              f"over {len(stages)} stages", flush=True)
-        for kind, sec in by_kind.most_common(12):
-            print(f"  stage {kind:<22} {sec * 1e3:8.2f} ms")
-        for kernel, sec in by_kernel.most_common(12):
-            print(f"  kernel {kernel:<50} {sec * 1e3:8.2f} ms")
+    from tinyvllm.engine.sampling_params import SamplingParams
+    lens = [int(n) for n in args.tokens.split(",")]
+    engine = LLMEngine(args.model_dir, EngineConfig(max_num_seqs=1, max_num_batched_tokens=max(lens),
+                                                    max_model_len=max(lens) + 16, cuda_graphs=True,
+                                                    prefill_graphs=True, compile_workers=0,
+                                                    precision=args.precision))
+    vocab = engine.model.config.vocab_size
+    for n in lens:
+        engine.add_request([(1000 + 7 * j) % vocab for j in range(n)], SamplingParams(temperature=0.0, max_tokens=1))
+        batch = None
+        while engine.has_unfinished_requests():
+            engine.step()
+            batch = batch or engine.last_batch
+        graphs = engine.runner.prefill_graphs
+        captured = graphs._captured[graphs.bucket_for(n)]
+        profile(engine, captured, batch, n, args.repeats)
+
+
+def profile(engine, captured, batch, n: int, repeats: int) -> None:
+    from cuda.core import Device, Stream
+    from kernels_numba.common import cuda, launching_into
+    from tinyvllm.bench.stage_costs import stage_costs
+    stream = Stream.from_handle(0)
+
+    def time_graph(graph) -> float:
+        graph.launch(stream)
+        cuda.synchronize()
+        start, stop = cuda.event(), cuda.event()
+        start.record()
+        for _ in range(repeats):
+            graph.launch(stream)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / repeats
+
+    whole = time_graph(captured._graph)
+    costs = stage_costs(engine.model.config, batch, 0, weight_bytes=2,
+                        kv_element_bytes=engine.kv_pool.layer(0)[0].dtype.itemsize)
+    captured._arena.rewind()
+    stages = captured.forward.device_hidden_stages(captured._batch, synchronize=False)
+    per_kind, done = {}, False
+    while not done:
+        builder = Device().create_graph_builder()
+        builder.begin_building()
+        with cuda.defer_cleanup(), launching_into(builder, captured._arena):
+            try:
+                stage = next(stages)
+            except StopIteration:
+                done = True
+        if done or not stage.launched:
+            try:
+                builder.end_building()
+            except Exception:  # noqa: BLE001 (an empty capture)
+                pass
+            continue
+        graph = builder.end_building().complete()
+        kind = stage.name.split(".")[-1]
+        ms, count, kernel = per_kind.get(kind, (0.0, 0, stage.kernel))
+        per_kind[kind] = (ms + time_graph(graph), count + 1, kernel)
+    total = sum(ms for ms, _, _ in per_kind.values())
+    print(f"prefill of {n} tokens (bucket {captured.bucket}): whole graph {whole:.2f} ms (GPU time); its stages one "
+          f"graph each, summed: {total:.2f} ms")
+    print(f"  {'stage':<14} {'ms':>7} {'floor':>7} {'TFLOP/s':>8} {'GB/s':>7}  kernel")
+    floor_total = 0.0
+    for kind, (ms, count, kernel) in per_kind.items():
+        cost = costs.get(kind)
+        flops, moved = (cost.flops * count, cost.bytes * count) if cost else (0, 0)
+        floor = max(flops / DENSE_BF16_TFLOPS / 1e9, moved / COPY_GB_S / 1e6)
+        floor_total += floor
+        print(f"  {kind:<14} {ms:7.3f} {floor:7.3f} {flops / ms / 1e9:8.1f} {moved / ms / 1e6:7.0f}  ({count}x) {kernel}")
+    print(f"  floor of the stages: {floor_total:.2f} ms (FLOPs at {DENSE_BF16_TFLOPS:.0f} TFLOP/s, bytes at "
+          f"{COPY_GB_S:.0f} GB/s)", flush=True)
 
 
 if __name__ == "__main__":
