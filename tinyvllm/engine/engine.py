@@ -51,8 +51,7 @@ class LLMEngine:
                  log=log_to_stderr):
         self.config = config = config or EngineConfig()
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
-        self._reloadable = not isinstance(model, LoadedModel)  # a compile worker can load `model` again
-        self._model_source, self._log = model, log
+        self._log = log
         c = self.model.config
         self.max_model_len = config.max_model_len_for(c.max_position_embeddings)
         self.runner = ModelRunner.for_engine(self.model, config, self.max_model_len, log=log)
@@ -148,10 +147,9 @@ class LLMEngine:
         Without CUDA graphs, nothing. A first start (kernels neither compiled nor in the disk cache) compiles them in
         parallel worker processes first (runner/compile_workers.py; EngineConfig.compile_workers)."""
         workers = self.config.compile_workers
-        if self._reloadable and (workers is None or workers > 1):
+        if workers is None or workers > 1:
             from tinyvllm.runner.compile_workers import compile_graph_kernels
-            compile_graph_kernels(self._model_source, self.config, self.runner, self.model.weights,
-                                  log or self._log, workers)
+            compile_graph_kernels(self.config, self.runner, log or self._log, workers)
         self.runner.capture_graphs(log)
 
     @property

@@ -6,9 +6,10 @@ before the graphs are captured, instead of one at a time as each bucket's record
 1. Discover (kernels_numba.compile_ahead): every bucket's recording pass runs with launches that launch nothing,
    listing each (kernel, argument types) neither compiled nor in the disk cache. A warm cache lists none: done.
 2. Start N workers (`python -m tinyvllm.runner.compile_workers SPEC I OUT`), N at most the misses, the CPU cores
-   and what the GPU's free memory holds of the model (each loads its own copy, with a small KV pool: the pool's
-   size changes no kernel). Worker i builds the same runner, discovers the same list and compiles misses
-   i, i + N, ...; its payloads come back in a file.
+   and what the GPU's free memory holds of the model. A worker reads no model file: the spec carries the model's
+   config, RoPE frequencies and its weights' shapes and dtypes (uninitialised device arrays there: the kernels and
+   tiles follow shapes, never values), and a small KV pool (its size changes no kernel). Worker i builds the same
+   runner, discovers the same list and compiles misses i, i + N, ...; its payloads come back in a file.
 3. Install each payload whose identity matches (loaded here, saved to the disk cache for the next start).
 A worker that fails or times out costs nothing but time: what it did not deliver compiles at its first launch as
 before. GPU only; the simulator compiles nothing.
@@ -35,9 +36,46 @@ WORKER_OVERHEAD_BYTES = 1 << 30  # a CUDA context, activations, a small KV pool
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    model: str | None     # the engine's model source (None: the demo model)
-    config: object        # its EngineConfig, with a small KV pool
+    model_config: object  # the model's ModelConfig
+    weights: object       # its DeviceWeights with every device array an ArraySpec
+    inv_freq: object      # RoPE frequencies (numpy)
+    config: object        # the engine's EngineConfig, with a small KV pool
     workers: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ArraySpec:
+    shape: tuple
+    dtype: str
+
+
+def _is_device_array(value) -> bool:
+    return hasattr(value, "copy_to_host") and hasattr(value, "shape")  # (the simulator's too)
+
+
+def weights_skeleton(value):
+    """`value` (DeviceWeights, its layers) with every device array replaced by its ArraySpec."""
+    if _is_device_array(value):
+        return ArraySpec(tuple(value.shape), value.dtype.str)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: weights_skeleton(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (list, tuple)):
+        return type(value)(weights_skeleton(v) for v in value)
+    return value
+
+
+def empty_weights(skeleton):
+    """A skeleton's device arrays allocated, uninitialised."""
+    from kernels_numba.common import cuda
+    if isinstance(skeleton, ArraySpec):
+        return cuda.device_array(skeleton.shape, skeleton.dtype)
+    if dataclasses.is_dataclass(skeleton):
+        return dataclasses.replace(skeleton, **{f.name: empty_weights(getattr(skeleton, f.name))
+                                                for f in dataclasses.fields(skeleton) if f.init})
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(empty_weights(v) for v in skeleton)
+    return skeleton
 
 
 @contextmanager
@@ -71,7 +109,7 @@ def _device_bytes(value, seen=None) -> int:
     if id(value) in seen:
         return 0
     seen.add(id(value))
-    if hasattr(value, "__cuda_array_interface__"):
+    if _is_device_array(value):
         return int(value.nbytes)
     if dataclasses.is_dataclass(value):
         return sum(_device_bytes(getattr(value, f.name), seen) for f in dataclasses.fields(value))
@@ -92,7 +130,7 @@ def worker_count(misses: int, weight_bytes: int, requested: int | None = None) -
     return max(0, min(cores, misses, fit))
 
 
-def compile_graph_kernels(model_source, config, runner, weights, log=None, workers: int | None = None) -> int:
+def compile_graph_kernels(config, runner, log=None, workers: int | None = None) -> int:
     """Compile what the runner's CUDA-graph buckets will launch, in parallel worker processes, and install it here.
     Returns how many kernels were installed (0: nothing to compile, or too little to be worth processes)."""
     from kernels_numba.common import SIMULATOR
@@ -101,11 +139,11 @@ def compile_graph_kernels(model_source, config, runner, weights, log=None, worke
     log = log or (lambda message: None)
     start = time.perf_counter()
     misses = discover_graph_kernels(runner)
-    count = worker_count(len(misses), _device_bytes(weights), workers)
+    count = worker_count(len(misses), _device_bytes(runner.weights), workers)
     if count < 2:
         return 0
     blocks = math.ceil(config.max_model_len_for(runner.config.max_position_embeddings) / config.block_size) + 1
-    spec = WorkerSpec(None if model_source is None else str(model_source),
+    spec = WorkerSpec(runner.config, weights_skeleton(runner.weights), runner.inv_freq.copy_to_host(),
                       dataclasses.replace(config, num_blocks=blocks), count)
     log(f"compiling {len(misses)} kernels in {count} processes (a first start; the next one loads them)")
     with tempfile.TemporaryDirectory(prefix="tinyvllm-compile-") as folder:
@@ -138,13 +176,13 @@ def compile_graph_kernels(model_source, config, runner, weights, log=None, worke
 
 def worker(spec_path: str, index: int, out_path: str) -> int:
     """Worker `index`: build the spec's runner, discover the same misses, compile its share, write the payloads."""
-    from tinyvllm.model.loader import load_model
+    from tinyvllm.model.loader import LoadedModel
     from tinyvllm.runner.model_runner import ModelRunner
     spec: WorkerSpec = pickle.loads(Path(spec_path).read_bytes())
-    quiet = lambda message: None  # noqa: E731
-    model = load_model(spec.model, log=quiet)
-    max_model_len = spec.config.max_model_len_for(model.config.max_position_embeddings)
-    misses = discover_graph_kernels(ModelRunner.for_engine(model, spec.config, max_model_len, log=quiet))
+    model = LoadedModel(None, spec.model_config, None, None, empty_weights(spec.weights), spec.inv_freq)
+    max_model_len = spec.config.max_model_len_for(spec.model_config.max_position_embeddings)
+    runner = ModelRunner.for_engine(model, spec.config, max_model_len, log=lambda message: None)
+    misses = discover_graph_kernels(runner)
     results = [(i, identity(misses[i]), compile_payload(misses[i])) for i in range(index, len(misses), spec.workers)]
     partial = Path(out_path + ".partial")
     partial.write_bytes(pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL))
@@ -152,5 +190,6 @@ def worker(spec_path: str, index: int, out_path: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(worker(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
+if __name__ == "__main__":  # (through the module, not __main__: the spec's classes must be the module's)
+    from tinyvllm.runner.compile_workers import worker as module_worker
+    sys.exit(module_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
