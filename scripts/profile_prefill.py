@@ -29,7 +29,7 @@ def main():
     lens = [int(n) for n in args.tokens.split(",")]
     engine = LLMEngine(args.model_dir, EngineConfig(max_num_seqs=1, max_num_batched_tokens=max(lens),
                                                     max_model_len=max(lens) + 16, cuda_graphs=True,
-                                                    prefill_graphs=True, compile_workers=0,
+                                                    prefill_graphs=True, compile_workers=0, enable_prefix_caching=False,
                                                     precision=args.precision))
     vocab = engine.model.config.vocab_size
     for n in lens:
