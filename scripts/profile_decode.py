@@ -72,45 +72,13 @@ def main():
 
 def gpu_stage_profile(engine, graphs, batch_size: int, repeats: int) -> None:
     """The decode graph of this batch's bucket timed alone, then each stage captured and timed alone."""
-    from cuda.core import Device, Stream
-    from kernels_numba.common import cuda, launching_into
+    from tinyvllm.bench.graph_stages import stage_times, time_graph
     bucket = graphs.bucket_for(batch_size)
     captured = graphs._captured[bucket]
-    stream = Stream.from_handle(0)
-
-    def time_graph(graph) -> float:
-        graph.launch(stream)
-        cuda.synchronize()
-        start, stop = cuda.event(), cuda.event()
-        start.record()
-        for _ in range(repeats):
-            graph.launch(stream)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / repeats
-
-    whole = time_graph(captured._graph)
+    whole = time_graph(captured._graph, repeats)
     captured._arena.rewind()
-    stages = engine.runner.forward_pass.device_forward_stages(captured._batch, synchronize=False)
-    per_kind, done = {}, False
-    while not done:
-        builder = Device().create_graph_builder()
-        builder.begin_building()
-        with cuda.defer_cleanup(), launching_into(builder, captured._arena):
-            try:
-                stage = next(stages)
-            except StopIteration:
-                done = True
-        if done or not stage.launched:  # nothing was launched: no graph to time
-            try:
-                builder.end_building()
-            except Exception:
-                pass
-            continue
-        graph = builder.end_building().complete()
-        kind = stage.name.split(".")[-1]
-        ms, n, kernel = per_kind.get(kind, (0.0, 0, stage.kernel))
-        per_kind[kind] = (ms + time_graph(graph), n + 1, kernel)
+    per_kind = stage_times(engine.runner.forward_pass.device_forward_stages(captured._batch, synchronize=False),
+                           captured._arena, repeats)
     total = sum(ms for ms, _, _ in per_kind.values())
     print(f"  GPU time, bucket {bucket}: whole decode graph {whole:.3f} ms; its stages one graph each, summed: "
           f"{total:.3f} ms")

@@ -44,46 +44,14 @@ def main():
 
 
 def profile(engine, captured, batch, n: int, repeats: int) -> None:
-    from cuda.core import Device, Stream
-    from kernels_numba.common import cuda, launching_into
+    from tinyvllm.bench.graph_stages import stage_times, time_graph
     from tinyvllm.bench.stage_costs import stage_costs
-    stream = Stream.from_handle(0)
-
-    def time_graph(graph) -> float:
-        graph.launch(stream)
-        cuda.synchronize()
-        start, stop = cuda.event(), cuda.event()
-        start.record()
-        for _ in range(repeats):
-            graph.launch(stream)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / repeats
-
-    whole = time_graph(captured._graph)
+    whole = time_graph(captured._graph, repeats)
     costs = stage_costs(engine.model.config, batch, 0, weight_bytes=2,
                         kv_element_bytes=engine.kv_pool.layer(0)[0].dtype.itemsize)
     captured._arena.rewind()
-    stages = captured.forward.device_hidden_stages(captured._batch, synchronize=False)
-    per_kind, done = {}, False
-    while not done:
-        builder = Device().create_graph_builder()
-        builder.begin_building()
-        with cuda.defer_cleanup(), launching_into(builder, captured._arena):
-            try:
-                stage = next(stages)
-            except StopIteration:
-                done = True
-        if done or not stage.launched:
-            try:
-                builder.end_building()
-            except Exception:  # noqa: BLE001 (an empty capture)
-                pass
-            continue
-        graph = builder.end_building().complete()
-        kind = stage.name.split(".")[-1]
-        ms, count, kernel = per_kind.get(kind, (0.0, 0, stage.kernel))
-        per_kind[kind] = (ms + time_graph(graph), count + 1, kernel)
+    per_kind = stage_times(captured.forward.device_hidden_stages(captured._batch, synchronize=False),
+                           captured._arena, repeats)
     total = sum(ms for ms, _, _ in per_kind.values())
     print(f"prefill of {n} tokens (bucket {captured.bucket}): whole graph {whole:.2f} ms (GPU time); its stages one "
           f"graph each, summed: {total:.2f} ms")

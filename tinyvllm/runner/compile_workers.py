@@ -53,29 +53,28 @@ def _is_device_array(value) -> bool:
     return hasattr(value, "copy_to_host") and hasattr(value, "shape")  # (the simulator's too)
 
 
-def weights_skeleton(value):
-    """`value` (DeviceWeights, its layers) with every device array replaced by its ArraySpec."""
-    if _is_device_array(value):
-        return ArraySpec(tuple(value.shape), value.dtype.str)
-    if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{f.name: weights_skeleton(getattr(value, f.name))
+def _map_leaves(value, is_leaf, convert):
+    """`value` with each leaf (is_leaf) replaced by convert(leaf), through dataclasses, lists and tuples."""
+    if is_leaf(value):
+        return convert(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _map_leaves(getattr(value, f.name), is_leaf, convert)
                                              for f in dataclasses.fields(value) if f.init})
     if isinstance(value, (list, tuple)):
-        return type(value)(weights_skeleton(v) for v in value)
+        return type(value)(_map_leaves(v, is_leaf, convert) for v in value)
     return value
+
+
+def weights_skeleton(weights):
+    """The weights (DeviceWeights) with every device array replaced by its ArraySpec."""
+    return _map_leaves(weights, _is_device_array, lambda array: ArraySpec(tuple(array.shape), array.dtype.str))
 
 
 def empty_weights(skeleton):
     """A skeleton's device arrays allocated, uninitialised."""
     from kernels_numba.common import cuda
-    if isinstance(skeleton, ArraySpec):
-        return cuda.device_array(skeleton.shape, skeleton.dtype)
-    if dataclasses.is_dataclass(skeleton):
-        return dataclasses.replace(skeleton, **{f.name: empty_weights(getattr(skeleton, f.name))
-                                                for f in dataclasses.fields(skeleton) if f.init})
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(empty_weights(v) for v in skeleton)
-    return skeleton
+    return _map_leaves(skeleton, lambda value: isinstance(value, ArraySpec),
+                       lambda spec: cuda.device_array(spec.shape, spec.dtype))
 
 
 @contextmanager
