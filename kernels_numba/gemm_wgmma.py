@@ -28,6 +28,8 @@ stay registers), then the block writes whole rows of it to out (a warp 64 consec
 Error: as gemm_tc (its docstring): each bf16 product is exact in float32 and the sum of K of them is float32, so
 |out - ref| <= K 2^-23 sum_k |x_k w_k| with ref the float64 sum (the unit roundoff doubled in case the tensor core
 truncates). In the simulator the kernel runs on wgmma.py's twins (128 simulated threads a warpgroup): small shapes.
+The twins land copies and products as late as the hardware may, both, so the simulator cannot show a stage
+overwritten while a wgmma still reads it (a wait_group one too loose passes there); the GPU tests can.
 """
 from dataclasses import dataclass
 import functools
