@@ -51,7 +51,6 @@ class LLMEngine:
                  log=log_to_stderr):
         self.config = config = config or EngineConfig()
         self.model = model if isinstance(model, LoadedModel) else load_model(model, log=log)
-        self._log = log
         c = self.model.config
         self.max_model_len = config.max_model_len_for(c.max_position_embeddings)
         self.runner = ModelRunner.for_engine(self.model, config, self.max_model_len, log=log)
@@ -149,7 +148,7 @@ class LLMEngine:
         workers = self.config.compile_workers
         if workers is None or workers > 1:
             from tinyvllm.runner.compile_workers import compile_graph_kernels
-            compile_graph_kernels(self.config, self.runner, log or self._log, workers)
+            compile_graph_kernels(self.config, self.runner, log, workers)
         self.runner.capture_graphs(log)
 
     @property

@@ -1,7 +1,7 @@
 """A first start that compiles in parallel: the kernels the CUDA-graph steps need, compiled in worker processes
 before the graphs are captured, instead of one at a time as each bucket's recording pass first launches them.
 
-    compile_graph_kernels(engine_source, runner, log=print)   # then runner.capture_graphs() finds them compiled
+    compile_graph_kernels(config, runner, log=print)   # then runner.capture_graphs() finds them compiled
 
 1. Discover (kernels_numba.compile_ahead): every bucket's recording pass runs with launches that launch nothing,
    listing each (kernel, argument types) neither compiled nor in the disk cache. A warm cache lists none: done.
@@ -92,31 +92,19 @@ def _recording_only():
 def discover_graph_kernels(runner) -> list[Miss]:
     """The kernels every CUDA-graph bucket of the runner launches that are neither compiled nor in the disk cache,
     in the order capture_graphs would first launch them (no step is kept)."""
-    misses = []
-    with discovering() as found, _recording_only():
+    with discovering() as misses, _recording_only():
         for graphs in (runner.decode_graphs, runner.prefill_graphs):
             if graphs is not None:
                 for bucket in sorted(graphs.buckets, reverse=True):
                     graphs._make(bucket)
-        misses = list(found)
     return misses
 
 
-def _device_bytes(value, seen=None) -> int:
-    """Bytes of the device arrays reachable from `value` (dataclasses, lists, dicts)."""
-    seen = set() if seen is None else seen
-    if id(value) in seen:
-        return 0
-    seen.add(id(value))
-    if _is_device_array(value):
-        return int(value.nbytes)
-    if dataclasses.is_dataclass(value):
-        return sum(_device_bytes(getattr(value, f.name), seen) for f in dataclasses.fields(value))
-    if isinstance(value, (list, tuple)):
-        return sum(_device_bytes(v, seen) for v in value)
-    if isinstance(value, dict):
-        return sum(_device_bytes(v, seen) for v in value.values())
-    return 0
+def _device_bytes(weights) -> int:
+    """Bytes of the weights' device arrays, each once (a tied lm_head is the embedding)."""
+    sizes = {}
+    _map_leaves(weights, _is_device_array, lambda array: sizes.setdefault(id(array), int(array.nbytes)))
+    return sum(sizes.values())
 
 
 def worker_count(misses: int, weight_bytes: int, requested: int | None = None) -> int:

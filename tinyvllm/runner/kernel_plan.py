@@ -119,6 +119,7 @@ FAST_GEMV_MAX_TOKENS = int(os.environ.get("TINYVLLM_FAST_GEMV_MAX_TOKENS", 2))
 WGMMA_MIN_ROWS = 512
 WGMMA_TILE = WgmmaTile(256, 2, 4)
 
+
 def resolve_precision(requested: str, weight_dtype, simulator: bool = SIMULATOR) -> str:
     """"fp32" or "fast" for a requested precision (one of PRECISIONS) and the model's device weight dtype; a
     one-line error for a precision that cannot run."""
@@ -213,10 +214,11 @@ class KernelPlan:
     def projection(self, rows: int, in_features: int) -> Kernel:
         """y = x @ W.T for x [rows, in_features]: gemm_tc (x float32 or uint16 bf16 bits) where the tensor cores take
         it, else matmul.linear_kernel's choice (gemv, gemv_coalesced or gemm_blocked)."""
-        if self.uses_tensor_cores(rows, in_features) and self.wgmma_tile(rows) is not None:
-            return Kernel("gemm_wgmma.gemm_wgmma",
-                          lambda x, w: gemm_wgmma_fused(x, w, tile=self.wgmma_tile(x.shape[0])).out)
         if self.uses_tensor_cores(rows, in_features):
+            if self.wgmma_tile(rows) is not None:
+                return Kernel("gemm_wgmma.gemm_wgmma",
+                              lambda x, w: gemm_wgmma_fused(x, w, tile=self.wgmma_tile(x.shape[0])).out)
+
             def tensor_cores(x, w):
                 tile = self.tc_tile(x.shape[0], w.shape[0])
                 return gemm_tc(x, w, tile=tile, splits=self.tc_splits(x.shape[0], w.shape[0], x.shape[1], tile))
@@ -260,12 +262,14 @@ class KernelPlan:
     def gate(self, rows: int, hidden: int, intermediate: int) -> Kernel:
         """(x, W = [Wg; Wu]) -> silu(x Wg) * (x Wu) for down_proj: one gemm_tc launch writing bf16 where fuses_swiglu,
         else the gate|up projection then swiglu."""
-        if self.fuses_swiglu(rows, hidden, intermediate) and self.wgmma_tile(rows) is not None:
-            def fused_wgmma(x, w_gate_up):
-                return gemm_wgmma_fused(x, w_gate_up, SwiGLUEpilogue(bf16=True), tile=self.wgmma_tile(x.shape[0])).out
-            return Kernel("gemm_wgmma.gemm_wgmma (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)",
-                          fused_wgmma)
         if self.fuses_swiglu(rows, hidden, intermediate):
+            if self.wgmma_tile(rows) is not None:
+                def fused_wgmma(x, w_gate_up):
+                    return gemm_wgmma_fused(x, w_gate_up, SwiGLUEpilogue(bf16=True),
+                                            tile=self.wgmma_tile(x.shape[0])).out
+                return Kernel("gemm_wgmma.gemm_wgmma (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)",
+                              fused_wgmma)
+
             def fused(x, w_gate_up):
                 tile = self.tc_tile(x.shape[0], w_gate_up.shape[0])
                 return gemm_tc_fused(x, w_gate_up, SwiGLUEpilogue(bf16=True), tile=tile).out
