@@ -113,7 +113,7 @@ WGMMA_ENV = "TINYVLLM_WGMMA"
 
 
 def wgmma_available(environ=os.environ) -> bool:
-    """Whether this process's GPU runs wgmma: compute capability 9.0 (H100, H200), not the simulator, and
+    """Whether this process's GPU runs wgmma: compute capability 9.0 (Hopper), not the simulator, and
     TINYVLLM_WGMMA not "0"."""
     if SIMULATOR or environ.get(WGMMA_ENV, "1") == "0":
         return False

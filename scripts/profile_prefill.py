@@ -1,6 +1,7 @@
 """Where a prefill step's time goes on the GPU: one prompt's captured prefill graph timed alone (CUDA events, no
 host work), then each stage captured as a graph of its own and timed alone, each against its floor (its FLOPs at
-the dense bf16 peak, its bytes at the copy bandwidth: tinyvllm.bench.stage_costs).
+the dense bf16 peak, its bytes at the copy bandwidth measured here as tinyvllm bench does: tinyvllm.bench.stage_costs,
+tinyvllm.bench.report.copy_bandwidth).
 
     python scripts/profile_prefill.py [--model-dir /tmp/llama-1b-random] [--tokens 1024,4096] [--precision fast]
 
@@ -13,8 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-DENSE_BF16_TFLOPS = 989.0  # H100 / H200 SXM, dense
-COPY_GB_S = 4230.0         # the H200's measured copy bandwidth (tinyvllm bench prints it)
+DENSE_BF16_TFLOPS = 989.0  # sm_90 SXM parts' dense bf16 peak (NVIDIA's datasheet)
 
 
 def main():
@@ -31,6 +31,9 @@ def main():
                                                     max_model_len=max(lens) + 16, cuda_graphs=True,
                                                     prefill_graphs=True, compile_workers=0, enable_prefix_caching=False,
                                                     precision=args.precision))
+    from tinyvllm.bench.config import BenchConfig
+    from tinyvllm.bench.report import copy_bandwidth
+    copy_gb_s = copy_bandwidth(BenchConfig().copy_mib << 20)["gb_per_s"]
     vocab = engine.model.config.vocab_size
     for n in lens:
         engine.add_request([(1000 + 7 * j) % vocab for j in range(n)], SamplingParams(temperature=0.0, max_tokens=1))
@@ -40,10 +43,10 @@ def main():
             batch = batch or engine.last_batch
         graphs = engine.runner.prefill_graphs
         captured = graphs._captured[graphs.bucket_for(n)]
-        profile(engine, captured, batch, n, args.repeats)
+        profile(engine, captured, batch, n, args.repeats, copy_gb_s)
 
 
-def profile(engine, captured, batch, n: int, repeats: int) -> None:
+def profile(engine, captured, batch, n: int, repeats: int, copy_gb_s: float) -> None:
     from tinyvllm.bench.graph_stages import stage_times, time_graph
     from tinyvllm.bench.stage_costs import stage_costs
     whole = time_graph(captured._graph, repeats)
@@ -60,11 +63,11 @@ def profile(engine, captured, batch, n: int, repeats: int) -> None:
     for kind, (ms, count, kernel) in per_kind.items():
         cost = costs.get(kind)
         flops, moved = (cost.flops * count, cost.bytes * count) if cost else (0, 0)
-        floor = max(flops / DENSE_BF16_TFLOPS / 1e9, moved / COPY_GB_S / 1e6)
+        floor = max(flops / DENSE_BF16_TFLOPS / 1e9, moved / copy_gb_s / 1e6)
         floor_total += floor
         print(f"  {kind:<14} {ms:7.3f} {floor:7.3f} {flops / ms / 1e9:8.1f} {moved / ms / 1e6:7.0f}  ({count}x) {kernel}")
     print(f"  floor of the stages: {floor_total:.2f} ms (FLOPs at {DENSE_BF16_TFLOPS:.0f} TFLOP/s, bytes at "
-          f"{COPY_GB_S:.0f} GB/s)", flush=True)
+          f"{copy_gb_s:.0f} GB/s, measured)", flush=True)
 
 
 if __name__ == "__main__":
