@@ -35,6 +35,11 @@ The instructions, each an `@intrinsic` emitting inline PTX like mma.py's:
   K-major). `acc` is a thread's float32 local array of (at least) n / 2 accumulators, read and written in place
   (constant indices only, so they stay registers; the inline asm has n / 2 outputs tied to n / 2 inputs, the
   constraint string built here). n a multiple of 8, 8 to 256.
+- `wgmma_bf16_rs(n)(acc, a0, a1, a2, a3, desc_b)`: the same product with A from registers (four bf16x2 words a
+  thread: mma.sync's m16n8k16 A fragment, warp w of the warpgroup holding rows 16 w .. 16 w + 15) and B N-major
+  (imm-trans-b 1: B's rows, the K dimension, are 128-byte swizzled rows of N; matrix_descriptor_sw128_mn). What
+  attention's P @ V needs: P is the S = Q K^T accumulators packed to bf16 (an accumulator fragment's 16 columns
+  16 p .. 16 p + 15 are the A fragment of k step p), V [keys, head_dim] is stored as it comes, keys along K.
 - `wgmma_commit()`: wgmma.commit_group.sync.aligned, the wgmmas issued since the last one become a group.
 - `wgmma_wait_group(n, count)(acc)`: wgmma.wait_group.sync.aligned n, wait until at most n groups are in flight;
   then each of the first `count` accumulators of `acc` passes through an empty asm tied to itself (CUTLASS's warpgroup_fence_operand), so
@@ -43,6 +48,11 @@ The instructions, each an `@intrinsic` emitting inline PTX like mma.py's:
   through the fragment layout into a 2-D float32 array, every accumulator at a constant index: read or written in a
   loop with a run-time index, acc would live on the stack (LLVM unrolls no loop of 64-128 stores), in the K loop
   too.
+- `matrix_descriptor_sw128_mn(address, leading_bytes)`: the descriptor of an N-major (MN-major) tile in the same
+  128-byte swizzle: a 128-byte row holds 64 consecutive N of one K, 8 rows (K) make a 1,024-byte atom (SBO 1,024:
+  the next 8 K), and the next 64 N lie `leading_bytes` on (LBO; unused where N <= 64). In CuTe's terms
+  Swizzle<3,4,3> o ((64, m), (8, k)) : ((1, LBO), (64, SBO)) in bf16 (CUTLASS's make_gmma_desc, MN-major B128).
+  Physically the same rows as a K-major tile of the transpose: V's tile [keys, 64] copied as K's is.
 - `fence_proxy_async()`: fence.proxy.async.shared::cta. wgmma reads shared memory through the async proxy
   (9.7.15.4); what threads wrote there with st.shared or cp.async (the generic proxy) must be fenced before the
   barrier after which the wgmma reads it.
@@ -144,6 +154,16 @@ def matrix_descriptor_sw128(address):
     chunk c ^ (r % 8), 8-row groups 1,024 bytes apart: SBO 1,024; LBO unused, 16 by convention)."""
     return np.uint64((np.uint64(address) & np.uint64(0x3FFFF)) >> np.uint64(4)
                      | np.uint64(1) << np.uint64(16)
+                     | np.uint64(SWIZZLE_ATOM_BYTES >> 4) << np.uint64(32)
+                     | np.uint64(SWIZZLE_128B) << np.uint64(62))
+
+
+@jit(device=True)
+def matrix_descriptor_sw128_mn(address, leading_bytes):
+    """The descriptor of an N-major tile in the 128-byte swizzle (rows of 64 bf16 of N, one K each; 8-row atoms
+    1,024 bytes apart: SBO 1,024; the next 64 N `leading_bytes` on: LBO)."""
+    return np.uint64((np.uint64(address) & np.uint64(0x3FFFF)) >> np.uint64(4)
+                     | ((np.uint64(leading_bytes) & np.uint64(0x3FFFF)) >> np.uint64(4)) << np.uint64(16)
                      | np.uint64(SWIZZLE_ATOM_BYTES >> 4) << np.uint64(32)
                      | np.uint64(SWIZZLE_128B) << np.uint64(62))
 
@@ -283,6 +303,39 @@ if not SIMULATOR:
         return mma
 
     @functools.cache
+    def wgmma_bf16_rs(n: int):
+        """The device function mma(acc, a0, a1, a2, a3, desc_b) issuing wgmma.mma_async m64n{n}k16 f32 += bf16 x bf16
+        with A from registers (four bf16x2 words) and B N-major (imm-trans-b 1)."""
+        check_n(n)
+        count = n // 2
+        outputs = ", ".join(f"${j}" for j in range(count))
+        a = ", ".join(f"${2 * count + i}" for i in range(4))
+        text = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outputs}}}, {{{a}}}, ${2 * count + 4}, "
+                f"1, 1, 1, 1;")
+        constraints = ",".join(["=f"] * count + [str(j) for j in range(count)] + ["r"] * 4 + ["l", "~{memory}"])
+
+        @intrinsic
+        def mma(typingctx, acc, a0, a1, a2, a3, desc_b):
+            _check_accumulators(f"wgmma_bf16_rs({n})", acc)
+            sig = types.void(acc, types.uint32, types.uint32, types.uint32, types.uint32, types.uint64)
+
+            def codegen(context, builder, signature, args):
+                f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+                pointers = _accumulator_pointers(context, builder, signature.args[0], args[0], count)
+                words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[1:5], signature.args[1:5])]
+                descriptor = context.cast(builder, args[5], signature.args[5], types.uint64)
+                signature_ir = ir.FunctionType(ir.LiteralStructType([f32] * count), [f32] * count + [i32] * 4 + [i64])
+                asm = ir.InlineAsm(signature_ir, text, constraints, side_effect=True)
+                result = builder.call(asm, [builder.load(p) for p in pointers] + words + [descriptor])
+                for j, pointer in enumerate(pointers):
+                    builder.store(builder.extract_value(result, j), pointer)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return mma
+
+    @functools.cache
     def accumulators_zero(count: int):
         """The device function zero(acc): acc[0:count] = 0, each at a constant index (so acc stays registers)."""
         @intrinsic
@@ -368,11 +421,17 @@ else:
             int(i) * stride for i, stride in zip((s, r, c), smem.strides))
         return np.uint32(window + element - root_address)
 
-    def _read_operand(manager, descriptor, rows: int) -> np.ndarray:
-        """The [rows, 16] bf16 operand a descriptor names, as float64, read from the block's shared windows."""
+    def _read_operand(manager, descriptor, rows: int, n_major: bool = False) -> np.ndarray:
+        """The [rows, 16] bf16 operand a descriptor names (rows: M or N; n_major: B stored N-major, the 128-byte
+        swizzle only), as float64, read from the block's shared windows."""
         start, leading, stride, swizzle = decode_descriptor(descriptor)
         assert swizzle in (0, SWIZZLE_128B), f"the simulator emulates no swizzle and the 128-byte one, not {swizzle}"
-        if swizzle == SWIZZLE_128B:  # rows 128 bytes apart within an 8-row atom; k's 32 bytes inside one row
+        if n_major:  # N along a 128-byte row (64 of them, the next 64 LBO on), K down the rows (8 a 1,024-byte atom)
+            assert swizzle == SWIZZLE_128B, "the simulator emulates N-major operands in the 128-byte swizzle only"
+            r, k = np.arange(rows)[:, None], np.arange(WGMMA_K)[None, :]
+            offsets = swizzle_128b(start + (r // 64) * leading + (r % 64) * 2 + (k // 8) * stride
+                                   + (k % 8) * SWIZZLE_ROW_BYTES)
+        elif swizzle == SWIZZLE_128B:  # rows 128 bytes apart within an 8-row atom; k's 32 bytes inside one row
             r, k = np.arange(rows)[:, None], np.arange(WGMMA_K)[None, :]
             offsets = swizzle_128b(start + (r // 8) * stride + (r % 8) * SWIZZLE_ROW_BYTES + k * 2)
         else:
@@ -426,6 +485,38 @@ else:
 
         return mma
 
+    def _register_operand(words) -> np.ndarray:
+        """The [64, 16] A of a wgmma from its 128 lanes' four bf16x2 words (mma.sync's A fragment, warp by warp:
+        word 0 rows g, columns 2 q, 2 q + 1; word 1 rows g + 8; words 2, 3 the same at columns + 8)."""
+        words = np.asarray(words, np.uint32)  # [128 lanes, 4]
+        lane = np.arange(WARPGROUP)[:, None]
+        word = np.arange(4)[None, :]
+        rows = 16 * (lane // 32) + (lane % 32) // 4 + 8 * (word % 2)
+        cols = 2 * (lane % 4) + 8 * (word // 2)
+        a = np.zeros((64, WGMMA_K), np.float64)
+        a[rows, cols] = ((words & 0xFFFF) << 16).view(np.float32)
+        a[rows, cols + 1] = (words & 0xFFFF0000).view(np.float32)
+        return a
+
+    @functools.cache
+    def wgmma_bf16_rs(n: int):
+        check_n(n)
+
+        def mma(acc, a0, a1, a2, a3, desc_b):
+            thread, manager = _block_state()
+            lane, meeting = _meeting(thread, manager)
+            phase = meeting.meet(lane, ((int(a0), int(a1), int(a2), int(a3)), int(desc_b)), thread)
+            operands = meeting.operands[phase]
+            assert all(o[1] == operands[0][1] for o in operands), (
+                "wgmma: the warpgroup's threads issued different descriptors (they must be the same in every thread)")
+            with _registry_lock:  # A is read at issue (registers may change after it), once for the 128 lanes
+                if meeting.results[phase] is None:
+                    meeting.results[phase] = _register_operand([o[0] for o in operands])
+                a = meeting.results[phase]
+            _wgmma_groups(thread)[-1].append((n, acc, a, desc_b, lane))
+
+        return mma
+
     @functools.cache
     def accumulators_zero(count: int):
         def zero(acc):
@@ -444,9 +535,10 @@ else:
         return stash
 
     def _land(manager, op):
-        n, acc, desc_a, desc_b, lane = op
-        a = _read_operand(manager, desc_a, 64)
-        b = _read_operand(manager, desc_b, n)
+        n, acc, a, desc_b, lane = op
+        registers_a = isinstance(a, np.ndarray)  # wgmma_bf16_rs's A, read at issue; its B is N-major
+        a = a if registers_a else _read_operand(manager, a, 64)
+        b = _read_operand(manager, desc_b, n, n_major=registers_a)
         d = a @ b.T
         for j in range(n // 2):
             row, col = fragment_position(lane, j)

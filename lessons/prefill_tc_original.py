@@ -16,7 +16,9 @@ faster; the measured times: docs/bench-h200.md):
   a pair (prefill_tc.pack_rounded): the same bits as one cvt.rn.bf16x2.f32.
 - mask_diagonal_only=False: the causal mask's compares run in every key tile, not only in the tiles that reach
   past one of a lane's rows.
+- heaviest_first=False: block i takes tile i, so a prompt's longest tiles (its last queries) start last.
 """
 from kernels_numba.attention.prefill_tc import TcOptions
 
-ORIGINAL_OPTIONS = TcOptions(pipelined=False, exp2=False, cvt_pack=False, mask_diagonal_only=False)
+ORIGINAL_OPTIONS = TcOptions(pipelined=False, exp2=False, cvt_pack=False, mask_diagonal_only=False,
+                             heaviest_first=False)

@@ -4,6 +4,7 @@
     python scripts/sweep_tc_gemm.py [--tokens 128,512,1024,4096] [--shapes qkv,o_proj,gate_up,down] [--repeats 20]
                                     [--tiles all|default|0,5,6|128x128x64x2x2x3,...] [--splits 1,2,4,8]
     python scripts/sweep_tc_gemm.py --tokens 64,256 --splits 1,2,4,8 --tiles 4,5,6,7   # decode batches, split-K
+    python scripts/sweep_tc_gemm.py --tiles default --wgmma-tiles 256x2x4,64x1x6 --no-fp32  # and gemm_wgmma (Hopper)
 Shapes are Llama-3.2-1B's projections (N x K). gemm_tc is timed on bf16 activations (the kernel alone; the
 float32 -> bf16 rounding gemm_tc does first for float32 x is timed once per shape, `to_bf16`), launches captured
 in one CUDA graph and replayed (sweep_gemv.time_in_graph), each launch on another copy of the weights while
@@ -11,7 +12,9 @@ they are small enough for copies to exceed the L2. Every variant's output is che
 float64 on 64 rows x 256 columns: `err/bound` is the worst error over gemm_tc's stated bound (<= 1 passes).
 The last lines give each shape's best tile (x splits), what the plan picks (gemm_tc.tile_for, split_for) and its
 time beside the best, and the tile with the best geometric mean over all cases. `--splits`: every tile at each of
-those split-K splits (those past K's slices skipped); splits 1 is the one-pass kernel.
+those split-K splits (those past K's slices skipped); splits 1 is the one-pass kernel. `--wgmma-tiles`: gemm_wgmma
+at each WgmmaTile written BLOCK_NxCONSUMERSxSTAGES, timed and checked the same way (Hopper only); `--no-fp32`
+skips gemm_blocked.
 """
 import argparse
 import math
@@ -66,7 +69,11 @@ def main():
                                                        "128x128x64x2x2x3 (block m, n, k, warps m, n, stages), "
                                                        "comma-separated")
     parser.add_argument("--splits", default="1", help="split-K splits to time each tile at (comma-separated)")
+    parser.add_argument("--wgmma-tiles", default="", help="gemm_wgmma tiles BLOCK_NxCONSUMERSxSTAGES, comma-separated")
+    parser.add_argument("--no-fp32", action="store_true", help="skip gemm_blocked (fp32 CUDA cores)")
     args = parser.parse_args()
+    from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma
+    wgmma_tiles = [WgmmaTile(*(int(v) for v in item.split("x"))) for item in filter(None, args.wgmma_tiles.split(","))]
     from kernels_numba.common import cuda
     from kernels_numba.gemm_tc import (DEFAULT_TILE, TileShape, gemm_tc, gemm_tc_kernel, split_for, tile_for,
                                        to_bf16_rows)
@@ -135,11 +142,25 @@ def main():
                     best_one_pass[name, m] = seconds
                 if (tile, splits) == plan[name, m]:
                     plan[name, m] += (seconds,)
-                print(f"  {label}: {seconds * 1e6:.1f} us, {tflops:.1f} TFLOP/s, err/bound {ratio:.3f}"
+                print(f"  {label}: {seconds * 1e6:.1f} us, {tflops:.1f} TFLOP/s, "
+                      f"{weight_bytes / seconds / 1e9:.0f} GB/s of weights, err/bound {ratio:.3f}"
                       f"{'' if ratio <= 1 else '  FAIL'}", flush=True)
-            seconds = time_in_graph(lambda i: gemm_blocked(x, weights[i % copies], out), args.repeats)
-            rows_out.append((name, m, "gemm_blocked (fp32)", seconds * 1e6, flops / seconds / 1e12, float("nan")))
-            print(f"  gemm_blocked (fp32): {seconds * 1e6:.1f} us, {flops / seconds / 1e12:.1f} TFLOP/s", flush=True)
+            for tile in wgmma_tiles:
+                out.copy_to_device(np.full((m, n), np.nan, np.float32))
+                gemm_wgmma(x_bits, weights[0], out, tile=tile)
+                ratio = check(out.copy_to_host()[sample_rows], x_bits_host, w_host, sample_rows, sample_cols)
+                seconds = time_in_graph(lambda i: gemm_wgmma(x_bits, weights[i % copies], out, tile=tile),
+                                        args.repeats)
+                label = f"gemm_wgmma {tile.block_n}x{tile.consumers}x{tile.stages}"
+                rows_out.append((name, m, label, seconds * 1e6, flops / seconds / 1e12, ratio))
+                print(f"  {label}: {seconds * 1e6:.1f} us, {flops / seconds / 1e12:.1f} TFLOP/s, "
+                      f"{weight_bytes / seconds / 1e9:.0f} GB/s of weights, err/bound {ratio:.3f}"
+                      f"{'' if ratio <= 1 else '  FAIL'}", flush=True)
+            if not args.no_fp32:
+                seconds = time_in_graph(lambda i: gemm_blocked(x, weights[i % copies], out), args.repeats)
+                rows_out.append((name, m, "gemm_blocked (fp32)", seconds * 1e6, flops / seconds / 1e12, float("nan")))
+                print(f"  gemm_blocked (fp32): {seconds * 1e6:.1f} us, {flops / seconds / 1e12:.1f} TFLOP/s",
+                      flush=True)
             if torch_cuda:
                 tw = torch.from_numpy(w_host.view(np.int16)).cuda().view(torch.bfloat16)
                 tx = torch.from_numpy(x_bits_host.view(np.int16)).cuda().view(torch.bfloat16)
@@ -155,7 +176,8 @@ def main():
                 seconds = start.elapsed_time(stop) / 1e3 / args.repeats
                 rows_out.append((name, m, "torch bf16 (cuBLAS, eager)", seconds * 1e6, flops / seconds / 1e12,
                                  float("nan")))
-                print(f"  torch bf16: {seconds * 1e6:.1f} us, {flops / seconds / 1e12:.1f} TFLOP/s", flush=True)
+                print(f"  torch bf16: {seconds * 1e6:.1f} us, {flops / seconds / 1e12:.1f} TFLOP/s, "
+                      f"{weight_bytes / seconds / 1e9:.0f} GB/s of weights", flush=True)
     print("\nshape M kernel us TFLOP/s err/bound")
     for r in rows_out:
         print(f"{r[0]} {r[1]} {r[2]} {r[3]:.1f} {r[4]:.1f} {r[5]:.3f}")

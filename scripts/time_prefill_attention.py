@@ -4,13 +4,17 @@ head_dim 64, blocks of 16), launches captured in a CUDA graph (sweep_gemv.time_i
 
     python scripts/time_prefill_attention.py [--tokens 1024,4096] [--repeats 10] [--kv-dtype bfloat16] [--ablate]
                                              [--max-registers 128] [--tc-variants 8x64,8x32]
+                                             [--wgmma-variants 2x64,2x128] [--torch]
 --kv-dtype: the pool's dtype (float32, or bfloat16: the same random K/V rounded to bf16 bits by kv_dtype's encoder,
 as the fast precision's default pool holds them; prefill_tc then copies its key tiles by cp.async).
 Runs prefill_gqa, "prefill_tc original" (prefill_tc.ORIGINAL_OPTIONS: every refinement off) and "prefill_tc"
 (TC_OPTIONS, what the runner launches); with --ablate "prefill_tc without X" for each refinement X of TcOptions
 (all others on: what X alone is worth); with --max-registers "prefill_tc max_registers=N" (TC_OPTIONS capped at N
 registers a thread: two 8-warp blocks an SM fit at 128); then each WARPSxKEYS of --tc-variants (warps per block x
-keys per shared K/V tile) with TC_OPTIONS. TFLOP/s counts the causal half: 2 T^2 head_dim n_heads FLOPs (Q K^T
+keys per shared K/V tile) with TC_OPTIONS; on a Hopper GPU with a bf16 pool, each WARPGROUPSxKEYS of
+--wgmma-variants (prefill_wgmma: warpgroups per block x keys per tile; 2x64 is prefill_tc's default block and
+tile, whose bits it should give: the script says whether it does); with --torch the peer, torch's
+scaled_dot_product_attention (bf16, causal, GQA) on the same K/V, timed by CUDA events over --repeats calls. TFLOP/s counts the causal half: 2 T^2 head_dim n_heads FLOPs (Q K^T
 and P V). Then max |difference| of the new prefill_tc against the original and against prefill_gqa (float32 math
 on the pool's values): ~1e-2 expected for both (the tensor-core kernels round q and P to bf16; the new one rounds
 q * scale * log2(e), the original q * scale).
@@ -29,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 64, 16
 
 
-def kernels(spec: str, ablate: bool, max_registers: str, seq, pos):
+def kernels(spec: str, ablate: bool, max_registers: str, seq, pos, wgmma_spec: str = ""):
     """(name, launcher, tiles): prefill_gqa, prefill_tc's original and current options, then --tc-variants."""
     from kernels_numba.attention import (build_prefill_gqa_tiles, build_prefill_tc_tiles, paged_attention_prefill_gqa,
                                          paged_attention_prefill_tc)
@@ -54,6 +58,36 @@ def kernels(spec: str, ablate: bool, max_registers: str, seq, pos):
         yield (f"prefill_tc {warps}x{keys}",
                functools.partial(paged_attention_prefill_tc, warps=warps, keys_per_tile=keys),
                build_prefill_tc_tiles(seq, pos, group, warps))
+    from kernels_numba.attention.prefill_wgmma import build_prefill_wgmma_tiles, paged_attention_prefill_wgmma
+    for item in filter(None, wgmma_spec.split(",")):
+        warpgroups, keys = (int(v) for v in item.split("x"))
+        yield (f"prefill_wgmma {warpgroups}x{keys}",
+               functools.partial(paged_attention_prefill_wgmma, warpgroups=warpgroups, keys_per_tile=keys),
+               build_prefill_wgmma_tiles(seq, pos, group, warpgroups))
+
+
+def time_torch(tokens: int, k_pool, v_pool, tables, q, repeats: int) -> tuple[float, np.ndarray]:
+    """torch's scaled_dot_product_attention on the same K/V (in position order, through the block table), q and K/V
+    as bf16: (seconds a call, its output)."""
+    import torch
+    from kernels_numba.kv_dtype import kv_decode_ref
+    order = tables.copy_to_host()[0]
+    k, v = (torch.tensor(kv_decode_ref(pool.copy_to_host())[order].reshape(-1, N_KV_HEADS, HEAD_DIM)[:tokens],
+                         device="cuda") for pool in (k_pool, v_pool))
+    query = torch.tensor(q.copy_to_host(), device="cuda")
+    args = [t.to(torch.bfloat16).transpose(0, 1).unsqueeze(0) for t in (query, k, v)]
+
+    def call():
+        return torch.nn.functional.scaled_dot_product_attention(*args, is_causal=True, scale=0.125, enable_gqa=True)
+    out = call()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        call()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3 / repeats, out[0].transpose(0, 1).float().cpu().numpy()
 
 
 def main():
@@ -64,7 +98,12 @@ def main():
     parser.add_argument("--ablate", action="store_true", help="also prefill_tc without each TcOptions refinement")
     parser.add_argument("--max-registers", default="", help="also prefill_tc with each register cap, e.g. 128")
     parser.add_argument("--tc-variants", default="", help="prefill_tc WARPSxKEYS,... (default: its defaults only)")
+    parser.add_argument("--wgmma-variants", default="2x64,2x128",
+                        help="prefill_wgmma WARPGROUPSxKEYS,... (Hopper and a bf16 pool only)")
+    parser.add_argument("--torch", action="store_true", help="also torch's scaled_dot_product_attention (the peer)")
     args = parser.parse_args()
+    from kernels_numba.wgmma import wgmma_available
+    wgmma_spec = args.wgmma_variants if wgmma_available() and args.kv_dtype == "bfloat16" else ""
     from kernels_numba.common import cuda
     from kernels_numba.kv_dtype import kv_encode_ref, kv_storage_dtype
     from sweep_gemv import time_in_graph
@@ -82,7 +121,7 @@ def main():
         pos = cuda.to_device(np.arange(tokens, dtype=np.int32))
         outs = {}
         flops = 2.0 * tokens * tokens * HEAD_DIM * N_HEADS
-        for name, launcher, tiles in kernels(args.tc_variants, args.ablate, args.max_registers, seq, pos):
+        for name, launcher, tiles in kernels(args.tc_variants, args.ablate, args.max_registers, seq, pos, wgmma_spec):
             out = cuda.to_device(np.full((tokens, N_HEADS, HEAD_DIM), np.nan, np.float32))
             launch = lambda i: launcher(q, k_pool, v_pool, tables, seq, pos, 0.125, out=out, tiles=tiles)
             launch(0)
@@ -90,9 +129,16 @@ def main():
             seconds = time_in_graph(launch, args.repeats)
             print(f"T={tokens} {name}: {seconds * 1e3:.3f} ms, {flops / seconds / 1e12:.1f} TFLOP/s, "
                   f"unwritten {int(np.isnan(outs[name]).sum())}", flush=True)
-        for other in ("prefill_tc original", "prefill_gqa"):
-            diff = float(np.abs(outs["prefill_tc"] - outs[other]).max())
-            print(f"T={tokens} max |prefill_tc - {other}| = {diff:.3e}", flush=True)
+        if args.torch:
+            seconds, outs["torch sdpa"] = time_torch(tokens, k_pool, v_pool, tables, q, args.repeats)
+            print(f"T={tokens} torch sdpa: {seconds * 1e3:.3f} ms, {flops / seconds / 1e12:.1f} TFLOP/s", flush=True)
+        for other in ("prefill_tc original", "prefill_gqa", "torch sdpa"):
+            if other in outs:
+                diff = float(np.abs(outs["prefill_tc"] - outs[other]).max())
+                print(f"T={tokens} max |prefill_tc - {other}| = {diff:.3e}", flush=True)
+        for name in (n for n in outs if n.startswith("prefill_wgmma")):
+            differ = int((outs[name].view(np.uint32) != outs["prefill_tc"].view(np.uint32)).sum())
+            print(f"T={tokens} {name}: {differ} of {outs[name].size} outputs differ from prefill_tc's bits", flush=True)
 
 
 if __name__ == "__main__":

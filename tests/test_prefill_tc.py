@@ -11,6 +11,7 @@ from kernels_numba.attention import (PrefillTiles, gqa_shape, max_prefill_tiles,
                                      paged_attention_ref, prefill_tiles_host)
 from kernels_numba.attention.prefill_tc import (TC_OPTIONS, build_prefill_tc_tiles,
                                                 paged_attention_prefill_tc, tc_queries_per_tile, tc_shared_bytes)
+from kernels_numba.attention.prefill_wgmma import paged_attention_prefill_wgmma
 from kernels_numba.common import cuda
 from tests.helpers import poisoned
 from tests.test_paged_attention import LOG_F32_MAX, SeqSpec, _gather, _scenario, _step, _stretch, _write
@@ -25,7 +26,7 @@ def _bf16(x):
 
 
 def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1, keys_per_tile=16, q_gain=1.0,
-              score_offset=0.0, kv_dtype=np.float32, options=None):
+              score_offset=0.0, kv_dtype=np.float32, options=None, wgmma=False):
     """Run the step through prefill_tc (in the simulator: 1-warp blocks of 16 / group queries, 16-key tiles, so the
     scenarios' up-to-33-key contexts cross 3 key tiles and their queries several query tiles). Bound: P enters the
     second mma as bf16 (2^-9 relative) while l sums float32 P: 2^-8 of W = sum_j p_j |v_j| / sum_j p_j, plus the
@@ -35,7 +36,8 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     With TcOptions.exp2 the kernel rounds q * scale * log2(e) to bf16 and exponentiates base 2: the reference is
     softmax(ln 2 * q_r . k) on that q_r, and ex2.approx's 2^-22 relative error on each weight (the same weight in
     P's numerator and in l) is far inside the 2^-9 of P's bf16 rounding: the same bound.
-    scenario: a test_paged_attention scenario's name, or its list of SeqSpec. Returns (scores, the output's bits)."""
+    scenario: a test_paged_attention scenario's name, or its list of SeqSpec. wgmma: run prefill_wgmma instead, in
+    blocks of warps / 4 warpgroups (prefill_tc's arithmetic: the same bound). Returns (scores, the output's bits)."""
     specs = _scenario(scenario, block_size) if isinstance(scenario, str) else scenario
     step = _step(rng, specs, block_size, n_heads, n_kv_heads, head_dim)
     scale = 1.0 / np.sqrt(head_dim)
@@ -44,9 +46,13 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     d_seq, d_pos = cuda.to_device(step.query_seq), cuda.to_device(step.query_pos)
     tiles = build_prefill_tc_tiles(d_seq, d_pos, n_heads // n_kv_heads, warps) if scenario != "whole_prompt" else None
     out = poisoned(step.q.shape, np.float32)
-    got = paged_attention_prefill_tc(cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables),
-                                     d_seq, d_pos, scale, out=out, tiles=tiles, warps=warps,
-                                     keys_per_tile=keys_per_tile, options=options)
+    if wgmma:
+        assert options is None and warps % 4 == 0, (options, warps)
+        launch = functools.partial(paged_attention_prefill_wgmma, warpgroups=warps // 4)
+    else:
+        launch = functools.partial(paged_attention_prefill_tc, warps=warps, options=options)
+    got = launch(cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables), d_seq, d_pos, scale,
+                 out=out, tiles=tiles, keys_per_tile=keys_per_tile)
     assert got is out
     got = got.copy_to_host()
     assert np.isfinite(got).all(), "the kernel left an output unwritten, read a poisoned entry or overflowed"

@@ -10,9 +10,9 @@ import pytest
 from kernels_numba.common import SHARED_ALIGN, SIMULATOR, cuda, host_version, jit
 from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma, gemm_wgmma_ref
 from kernels_numba.wgmma import (ROUTE_ENV, WARPGROUP, decode_descriptor, fence_proxy_async, fragment_position,
-                                 matrix_descriptor, matrix_descriptor_sw128, ptx_target, shared_address, sm90a_ptx,
-                                 swizzle_128b, wgmma_bf16, wgmma_commit, wgmma_fence, wgmma_ref, wgmma_route,
-                                 wgmma_wait_group)
+                                 matrix_descriptor, matrix_descriptor_sw128, matrix_descriptor_sw128_mn, ptx_target,
+                                 shared_address, sm90a_ptx, swizzle_128b, wgmma_bf16, wgmma_bf16_rs, wgmma_commit,
+                                 wgmma_fence, wgmma_ref, wgmma_route, wgmma_wait_group)
 from tests.helpers import poisoned
 
 
@@ -96,6 +96,64 @@ def test_wgmma_twice_matches_numpy(rng, n):
     bound = 2 * 17 * 2.0**-23 * (np.abs(c) + 2 * x64 @ w64.T)
     err = np.abs(got.astype(np.float64) - want)
     assert (err <= bound).all(), f"max err {err.max()}, worst err / bound {(err / bound).max()}"
+
+
+def test_n_major_descriptor_fields():
+    # N-major, 128-byte swizzle: LBO (the next 64 N) in bits 16-29, SBO 1,024 (the next 8 K), mode 1
+    descriptor = host_version(matrix_descriptor_sw128_mn)(np.uint32(0x2400), 2048)
+    assert decode_descriptor(descriptor) == (0x2400, 2048, 1024, 1)
+
+
+@functools.cache
+def register_a_kernel(n: int):
+    """D = A B.T in one warpgroup with A from registers (each lane packs its mma.sync A fragment from a [64, 16]
+    array of bits) and B [n, 16] stored N-major in the 128-byte swizzle (row k of slice s holds B[64 s .. 64 s + 63,
+    k]; slices 16 rows apart: LBO 2,048 bytes), as prefill_wgmma's P @ V."""
+    count, slices = n // 2, -(-n // 64)
+    mma, wait = wgmma_bf16_rs(n), wgmma_wait_group(0, count)
+
+    @jit
+    def kernel(a, b, d):
+        b_tile = cuda.shared.array((16 * slices, 8, 8), np.uint16, alignment=None if SIMULATOR else 1024)
+        acc = cuda.local.array(count, np.float32)
+        tid = cuda.threadIdx.x
+        for i in range(tid, n * 16, WARPGROUP):
+            col, k = i // 16, i % 16
+            row = 16 * (col // 64) + k
+            b_tile[row, ((col % 64) // 8) ^ (row % 8), col % 8] = b[col, k]
+        lane = tid % 32
+        row0 = 16 * (tid // 32) + lane // 4
+        col0 = 2 * (lane % 4)
+        words = cuda.local.array(4, np.uint32)
+        for w in range(4):
+            r, c = row0 + 8 * (w % 2), col0 + 8 * (w // 2)
+            words[w] = np.uint32(a[r, c]) | (np.uint32(a[r, c + 1]) << np.uint32(16))
+        for j in range(count):
+            acc[j] = np.float32(0.0)
+        fence_proxy_async()
+        cuda.syncthreads()
+        wgmma_fence()
+        mma(acc, words[0], words[1], words[2], words[3],
+            matrix_descriptor_sw128_mn(shared_address(b_tile, 0, 0, 0), 16 * 128))
+        wgmma_commit()
+        wait(acc)
+        for j in range(count):
+            d[row0 + 8 * ((j // 2) % 2), col0 + 8 * (j // 4) + j % 2] = acc[j]
+
+    return kernel
+
+
+@pytest.mark.parametrize("n", [64, 128] if SIMULATOR else [16, 64, 128, 256])
+def test_wgmma_with_a_in_registers_and_b_n_major(rng, n):
+    a, b = _bf16_bits(rng, (64, 16)), _bf16_bits(rng, (n, 16))
+    d = poisoned((64, n), np.float32)
+    register_a_kernel(n)[1, WARPGROUP](cuda.to_device(a), cuda.to_device(b), d)
+    got = d.copy_to_host()
+    assert not np.isnan(got).any(), "some outputs were never written"
+    x64, w64 = (np.abs(v.view(ml_dtypes.bfloat16).astype(np.float64)) for v in (a, b))
+    bound = 16 * 2.0**-23 * (x64 @ w64.T)  # 16 exact products summed in float32
+    err = np.abs(got.astype(np.float64) - wgmma_ref(a, b, np.zeros((64, n), np.float32)))
+    assert (err <= bound + 1e-30).all(), f"max err {err.max()}, worst err / bound {(err / bound).max()}"
 
 
 def _assert_within_bound(got, x_bits, w_bits):

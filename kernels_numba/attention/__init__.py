@@ -5,13 +5,14 @@
 
 Which step runs which (the choice: tinyvllm/runner/kernel_plan.py, `KernelPlan.attention`):
 
-| step                                  | GPU                                       | simulator  |
-|---------------------------------------|-------------------------------------------|------------|
-| decode, < DECODE_GQA_MIN_BLOCKS pairs | decode_gqa.paged_attention_flash_decode   | per_query  |
-| decode, from DECODE_GQA_MIN_BLOCKS    | decode_gqa.paged_attention_decode_gqa     | per_query  |
-| decode, from DECODE_WARPS_MIN_BLOCKS  | decode_warps.paged_attention_decode_warps | per_query  |
-| with prefill chunks, fp32 precision   | prefill_gqa.paged_attention_prefill_gqa   | per_query  |
-| with prefill chunks, fast precision   | prefill_tc.paged_attention_prefill_tc     | prefill_tc |
+| step                                  | GPU                                         | simulator  |
+|---------------------------------------|---------------------------------------------|------------|
+| decode, < DECODE_GQA_MIN_BLOCKS pairs | decode_gqa.paged_attention_flash_decode     | per_query  |
+| decode, from DECODE_GQA_MIN_BLOCKS    | decode_gqa.paged_attention_decode_gqa       | per_query  |
+| decode, from DECODE_WARPS_MIN_BLOCKS  | decode_warps.paged_attention_decode_warps   | per_query  |
+| with prefill chunks, fp32 precision   | prefill_gqa.paged_attention_prefill_gqa     | per_query  |
+| with prefill chunks, fast precision   | prefill_tc.paged_attention_prefill_tc       | prefill_tc |
+| the same on Hopper, bf16 pool         | prefill_wgmma.paged_attention_prefill_wgmma | prefill_tc |
 
 (pairs: the step's (query, KV head) pairs; on Llama-3.2-1B the two thresholds are decode batches 8 and 64.)
 
@@ -28,6 +29,8 @@ The files:
   tiled kernel whose contract prefill_gqa and prefill_tc keep (no step launches it).
 - prefill_gqa: FlashAttention-2 on CUDA cores, a block per (query tile, KV head).
 - prefill_tc: FlashAttention-2 on tensor cores (bf16 mma.sync), a block per (query tile, KV head).
+- prefill_wgmma: prefill_tc's kernel with both products on Hopper's wgmma (warpgroup-wide, operands from shared
+  memory; P from registers): the same tiles, arithmetic and bits.
 
 Readable and superseded variants that no step runs live in lessons/ (lessons/README.md): the contiguous KV cache,
 split-keys decode, prefill_tc's original options.
@@ -56,3 +59,4 @@ from .prefill import (QTILE, PrefillTiles, build_prefill_tiles, max_prefill_tile
                       prefill_tiles_host)
 from .prefill_gqa import (GQA_SHARED_BYTES, build_prefill_gqa_tiles, gqa_shape, paged_attention_prefill_gqa)
 from .prefill_tc import build_prefill_tc_tiles, paged_attention_prefill_tc
+from .prefill_wgmma import build_prefill_wgmma_tiles, paged_attention_prefill_wgmma

@@ -49,7 +49,11 @@ The softmax's other per-score work: P's weights go to bf16 two at a time by one 
 (TcOptions.cvt_pack, mma.pack_f32_bf16x2: the same bits as f32_to_bf16's integer ops on each, then a pack), and
 the causal mask's compares run only in a key tile that reaches past one of the lane's two rows
 (TcOptions.mask_diagonal_only): in a long prompt every other tile is wholly at or before both rows' positions,
-so none of its keys is masked (nor zero-filled: those lie past key_len, past every row). Each TcOptions field
+so none of its keys is masked (nor zero-filled: those lie past key_len, past every row).
+
+The block order (TcOptions.heaviest_first): block 0 takes the last tile. A prompt's tiles are in position order and
+a tile's work grows with its queries' positions (causal), so in launch order the longest blocks would start last
+and leave SMs idle at the end; started first, the short ones fill in behind them. Each TcOptions field
 can be turned off; lessons/prefill_tc_original.py is the kernel with all of them off.
 
 Error against float64 attention softmax(ln 2 * q_r . k) on the same bf16-rounded q_r = q * scale * log2(e), K and
@@ -91,6 +95,7 @@ class TcOptions:
     exp2: bool = True       # log2(e) folded into q's scale, the softmax's exponentials one ex2.approx each
     cvt_pack: bool = True   # P's weights rounded to bf16 and packed two at a time by one cvt.rn.bf16x2.f32
     mask_diagonal_only: bool = True  # the causal mask's compares only in key tiles that reach past a lane's row
+    heaviest_first: bool = True  # blocks take the tiles from the last (the most keys) to the first
     max_registers: int = 0  # a cap on registers a thread (0: the compiler's choice, over 128 at head_dim 64, so
                             # one 8-warp block an SM; 128 would let two in and ptxas fits the loop in 128 without
                             # spilling, but it does not run faster: docs/bench-h200.md)
@@ -166,6 +171,7 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
     softmax_exp = exp2_approx if options.exp2 else exp_f32  # the scores' base: 2 (q scaled by log2 e) or e
     pack_p = pack_f32_bf16x2 if options.cvt_pack else pack_rounded
     mask_all_tiles = not options.mask_diagonal_only
+    heaviest_first = options.heaviest_first
 
     # A bf16 pool's copies: round i of thread tid copies the 16 bytes at column copy_col = 8 (tid % chunks) of key row
     # copy_row + i copy_rows of the tile, copy_row = tid // chunks: fixed across tiles, so computed once (threads
@@ -228,7 +234,7 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         q_frag = cuda.local.array((d_steps, 4), np.uint32)
         scores = cuda.local.array((key_tiles, 4), np.float32)  # this lane's part of S, then of P
         acc = cuda.local.array((dim_tiles, 4), np.float32)       # this lane's part of the output rows
-        tile = cuda.blockIdx.x
+        tile = cuda.gridDim.x - 1 - cuda.blockIdx.x if heaviest_first else cuda.blockIdx.x
         kv_head = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         lane = tid % 32
