@@ -12,7 +12,8 @@ from kernels_numba.attention import (PrefillTiles, gqa_shape, max_prefill_tiles,
 from kernels_numba.attention.prefill_tc import (TC_OPTIONS, build_prefill_tc_tiles,
                                                 paged_attention_prefill_tc, tc_queries_per_tile, tc_shared_bytes)
 from kernels_numba.attention.prefill_wgmma import paged_attention_prefill_wgmma
-from kernels_numba.common import cuda
+from kernels_numba.common import SIMULATOR, cuda
+from kernels_numba.wgmma import wgmma_available
 from tests.helpers import poisoned
 from tests.test_paged_attention import LOG_F32_MAX, SeqSpec, _gather, _scenario, _step, _stretch, _write
 
@@ -77,6 +78,7 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     return scores, got.view(np.uint32)
 
 
+NEEDS_WGMMA = pytest.mark.skipif(not SIMULATOR and not wgmma_available(), reason="wgmma needs a Hopper GPU")
 KV_DTYPES = pytest.mark.parametrize("kv_dtype", [np.float32, np.uint16], ids=["f32_pool", "bf16_pool"])
 
 
@@ -154,19 +156,23 @@ def test_prefill_tc_rejects_unfit_shapes(rng):
         paged_attention_prefill_tc(q, pool, pool, table, ones, ones, 1.0, warps=1)
 
 
-@pytest.mark.parametrize("kernel", ["tc", "gqa"])
+@pytest.mark.parametrize("kernel", ["tc", "gqa", pytest.param("wgmma", marks=NEEDS_WGMMA)])
 def test_prefill_kernels_skip_empty_tiles_and_rows_in_no_tile(rng, kernel):
     # A prefill CUDA graph launches a fixed grid: the step's tiles padded with empty ones (no tokens, key_len 0), in
     # any order, and its padding rows (past the step's tokens) in no tile. The real rows get exactly the unpadded
     # launch's output bits (checked against the reference by the tests above); the padding rows stay poisoned.
-    block_size, n_heads, n_kv_heads, head_dim = TC_LAYOUTS[1]
+    # (prefill_wgmma: one warpgroup, head_dim 64 and a bf16 pool, which it needs; its blocks take the tiles from the
+    # last, so empty tiles come first too)
+    block_size, n_heads, n_kv_heads, head_dim = TC_LAYOUTS[1][:3] + (64 if kernel == "wgmma" else TC_LAYOUTS[1][3],)
     group = n_heads // n_kv_heads
     step = _step(rng, _scenario("chunked", block_size), block_size, n_heads, n_kv_heads, head_dim)
-    d_k_pool, d_v_pool, _, _ = _write(step)
+    d_k_pool, d_v_pool, _, _ = _write(step, np.uint16 if kernel == "wgmma" else np.float32)
     num_tokens, extra = len(step.q), 3
-    queries = tc_queries_per_tile(group, 1) if kernel == "tc" else gqa_shape(head_dim, group)[0]
-    launch = (functools.partial(paged_attention_prefill_tc, warps=1, keys_per_tile=16) if kernel == "tc"
-              else paged_attention_prefill_gqa)
+    queries = {"tc": tc_queries_per_tile(group, 1), "wgmma": tc_queries_per_tile(group, 4),
+               "gqa": gqa_shape(head_dim, group)[0]}[kernel]
+    launch = {"tc": functools.partial(paged_attention_prefill_tc, warps=1, keys_per_tile=16),
+              "wgmma": functools.partial(paged_attention_prefill_wgmma, warpgroups=1, keys_per_tile=16),
+              "gqa": paged_attention_prefill_gqa}[kernel]
     scale = 1.0 / np.sqrt(head_dim)
     tables = cuda.to_device(step.block_tables)
 

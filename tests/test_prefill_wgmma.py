@@ -1,19 +1,14 @@
 """paged_attention_prefill_wgmma against float64 attention (test_prefill_tc's bound: prefill_tc's arithmetic) and
 against prefill_tc's own bits, over test_paged_attention's steps (shuffled block tables, poisoned pool entries
-nobody wrote). In the simulator one warpgroup a block and 16-key tiles (128 simulated threads); on the GPU
+nobody wrote); empty tiles and padding rows: test_prefill_tc. In the simulator one warpgroup a block and 16-key tiles (128 simulated threads); on the GPU
 (TINYVLLM_TEST_GPU=1, a Hopper device) also the engine's block, two warpgroups and 64-key tiles."""
-import functools
-
 import numpy as np
 import pytest
 
-from kernels_numba.attention import PrefillTiles, max_prefill_tiles, prefill_tiles_host
-from kernels_numba.attention.prefill_tc import tc_queries_per_tile
 from kernels_numba.attention.prefill_wgmma import paged_attention_prefill_wgmma, shared_bytes
 from kernels_numba.common import SIMULATOR, cuda
 from kernels_numba.wgmma import wgmma_available
-from tests.helpers import poisoned
-from tests.test_paged_attention import LOG_F32_MAX, _scenario, _step, _write
+from tests.test_paged_attention import LOG_F32_MAX
 from tests.test_prefill_tc import PIPELINE_SPECS, _check_tc
 
 pytestmark = pytest.mark.skipif(not SIMULATOR and not wgmma_available(), reason="wgmma needs a Hopper GPU")
@@ -51,38 +46,6 @@ def test_prefill_wgmma_stable_with_huge_scores(rng, q_gain, score_offset):
     scores, _ = _check_tc(rng, "chunked", 4, 4, 2, 64, warps=4, keys_per_tile=16, q_gain=q_gain,
                           score_offset=score_offset, kv_dtype=np.uint16, wgmma=True)
     assert max(np.abs(s).max() for s in scores) > LOG_F32_MAX, "scores too small to prove anything"
-
-
-def test_prefill_wgmma_skips_empty_tiles_and_rows_in_no_tile(rng):
-    # A prefill CUDA graph's fixed grid: empty tiles anywhere (blocks run the tiles from the last), padding rows in
-    # no tile; the real rows keep the unpadded launch's bits, the padding rows stay poisoned.
-    block_size, n_heads, n_kv_heads, head_dim = LAYOUTS[1]
-    step = _step(rng, _scenario("chunked", block_size), block_size, n_heads, n_kv_heads, head_dim)
-    d_k_pool, d_v_pool, _, _ = _write(step, np.uint16)
-    queries = tc_queries_per_tile(n_heads // n_kv_heads, 4)
-    launch = functools.partial(paged_attention_prefill_wgmma, warpgroups=1, keys_per_tile=16)
-    tables = cuda.to_device(step.block_tables)
-    scale = 1.0 / np.sqrt(head_dim)
-
-    def run(q, query_seq, query_pos, tiles):
-        out = poisoned(q.shape, np.float32)
-        launch(cuda.to_device(q), d_k_pool, d_v_pool, tables, cuda.to_device(query_seq), cuda.to_device(query_pos),
-               scale, out=out, tiles=tiles)
-        return out.copy_to_host()
-
-    num_tokens, extra = len(step.q), 3
-    host = prefill_tiles_host(step.query_seq, step.query_pos, queries)
-    plain = run(step.q, step.query_seq, step.query_pos, PrefillTiles(*map(cuda.to_device, host), len(host[0])))
-    num_tiles = max_prefill_tiles(num_tokens + extra, 8, queries)
-    order = rng.permutation(num_tiles)
-    padded = [a[order] for a in prefill_tiles_host(step.query_seq, step.query_pos, queries, num_tiles)]
-    q = np.concatenate([step.q, rng.standard_normal((extra, n_heads, head_dim)).astype(np.float32)])
-    query_seq = np.concatenate([step.query_seq, np.zeros(extra, np.int32)])
-    query_pos = np.concatenate([step.query_pos, np.zeros(extra, np.int32)])
-    got = run(q, query_seq, query_pos, PrefillTiles(*map(cuda.to_device, padded), num_tiles))
-    assert np.isfinite(plain).all()
-    np.testing.assert_array_equal(got[:num_tokens].view(np.uint32), plain.view(np.uint32))
-    assert np.isnan(got[num_tokens:]).all(), "the kernel wrote a row that is in no tile"
 
 
 def test_prefill_wgmma_rejects_what_it_cannot_take():

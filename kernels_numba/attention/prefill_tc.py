@@ -117,6 +117,20 @@ def pack_rounded(lo, hi):
     return pack_bf16x2(f32_to_bf16(lo), f32_to_bf16(hi))
 
 
+@jit(device=True)
+def quad_max(x):
+    """The max of x over this lane's quad (lanes 4 g .. 4 g + 3: the four holders of an mma fragment's row g)."""
+    x = max(x, shfl_xor(x, 1))
+    return max(x, shfl_xor(x, 2))
+
+
+@jit(device=True)
+def quad_sum(x):
+    """The sum of x over this lane's quad."""
+    x += shfl_xor(x, 1)
+    return x + shfl_xor(x, 2)
+
+
 def q_scale(scale: float, options: TcOptions) -> np.float32:
     """What the kernel multiplies q by before rounding it to bf16: scale, times log2(e) where the scores are to be
     exponentiated base 2 (2^(s log2 e) = e^s)."""
@@ -335,12 +349,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
             for n in range(key_tiles):
                 tile_max_a = max(tile_max_a, max(scores[n, 0], scores[n, 1]))
                 tile_max_b = max(tile_max_b, max(scores[n, 2], scores[n, 3]))
-            tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 1))
-            tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 2))
-            tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 1))
-            tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 2))
-            new_a = max(max_a, tile_max_a)
-            new_b = max(max_b, tile_max_b)
+            new_a = max(max_a, quad_max(tile_max_a))
+            new_b = max(max_b, quad_max(tile_max_b))
             # no visible key yet (padding rows, or before key 0): nothing to rescale, weights 0
             rescale_a = np.float32(1.0) if new_a == minus_inf else softmax_exp(max_a - new_a)
             rescale_b = np.float32(1.0) if new_b == minus_inf else softmax_exp(max_b - new_b)
@@ -381,10 +391,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
                 cuda.syncthreads()  # nobody reloads K and V while another warp still reads them
             key_start = np.int32(key_start + keys_per_tile)
 
-        sum_a += shfl_xor(sum_a, 1)
-        sum_a += shfl_xor(sum_a, 2)
-        sum_b += shfl_xor(sum_b, 1)
-        sum_b += shfl_xor(sum_b, 2)
+        sum_a = quad_sum(sum_a)
+        sum_b = quad_sum(sum_b)
         t_a = tile_tokens[tile, row_a // group] if row_a < used_rows else -1
         t_b = tile_tokens[tile, row_b // group] if row_b < used_rows else -1
         for j in range(dim_tiles):

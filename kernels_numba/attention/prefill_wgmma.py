@@ -33,14 +33,14 @@ import numpy as np
 
 from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, SIMULATOR, cuda, flat_rows, jit, launch_with_shared
-from ..mma import cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, pack_f32_bf16x2, shared_view, shfl_xor
+from ..mma import cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, pack_f32_bf16x2, shared_view
 from ..wgmma import (SWIZZLE_ATOM_BYTES, SWIZZLE_ROW_BYTES, WARPGROUP, WGMMA_K, accumulators_zero,
                      compile_through_ptx_rewrite, fence_proxy_async, matrix_descriptor_sw128,
                      matrix_descriptor_sw128_mn, shared_address, wgmma_bf16, wgmma_bf16_rs, wgmma_commit, wgmma_fence,
                      wgmma_route, wgmma_wait_group)
 from .paged_kv import _check_pool, _output
 from .prefill import PrefillTiles, build_prefill_tiles
-from .prefill_tc import TC_KEY_TILE, TC_WARPS, TcOptions, q_scale, tc_queries_per_tile
+from .prefill_tc import TC_KEY_TILE, TC_WARPS, TcOptions, q_scale, quad_max, quad_sum, tc_queries_per_tile
 
 BAND = 64                         # rows a warpgroup's m64 wgmma covers
 SLICE = SWIZZLE_ROW_BYTES // 2    # 64 bf16: the columns of one swizzled row
@@ -216,12 +216,8 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
             for n in range(key_tiles):
                 tile_max_a = max(tile_max_a, max(scores[4 * n], scores[4 * n + 1]))
                 tile_max_b = max(tile_max_b, max(scores[4 * n + 2], scores[4 * n + 3]))
-            tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 1))
-            tile_max_a = max(tile_max_a, shfl_xor(tile_max_a, 2))
-            tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 1))
-            tile_max_b = max(tile_max_b, shfl_xor(tile_max_b, 2))
-            new_a = max(max_a, tile_max_a)
-            new_b = max(max_b, tile_max_b)
+            new_a = max(max_a, quad_max(tile_max_a))
+            new_b = max(max_b, quad_max(tile_max_b))
             rescale_a = np.float32(1.0) if new_a == minus_inf else exp2_approx(max_a - new_a)
             rescale_b = np.float32(1.0) if new_b == minus_inf else exp2_approx(max_b - new_b)
             shift_a = np.float32(0.0) if new_a == minus_inf else new_a
@@ -257,10 +253,8 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
             stage_row = other_row
             key_start = np.int32(key_start + keys_per_tile)
 
-        sum_a += shfl_xor(sum_a, 1)
-        sum_a += shfl_xor(sum_a, 2)
-        sum_b += shfl_xor(sum_b, 1)
-        sum_b += shfl_xor(sum_b, 2)
+        sum_a = quad_sum(sum_a)
+        sum_b = quad_sum(sum_b)
         t_a = tile_tokens[tile, row_a // group] if row_a < used_rows else -1
         t_b = tile_tokens[tile, row_b // group] if row_b < used_rows else -1
         for j in range(dim_tiles):
