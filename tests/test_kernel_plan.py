@@ -136,3 +136,20 @@ def test_hopper_plans_take_large_steps_to_wgmma(where):
     assert p.gate(WGMMA_MIN_ROWS - 1, HIDDEN, INTERMEDIATE).name.startswith("gemm_tc.gemm_tc")
     fp32 = dataclasses.replace(plan("fp32", where), wgmma=True)
     assert "wgmma" not in fp32.projection(4096, HIDDEN).name
+
+
+@pytest.mark.parametrize("where", [GPU, GPU_DEPENDENT])
+def test_hopper_plans_run_the_tiled_attention_on_wgmma_over_a_bf16_pool(where):
+    """prefill_wgmma gives prefill_tc's bits (tests/test_prefill_wgmma.py) and takes the same tiles: every step the
+    tiled attention serves goes to it, whatever its rows and mix; a float32 pool, or a head_dim it cannot take, stays
+    on prefill_tc."""
+    import dataclasses
+    hopper = dataclasses.replace(plan("fast", where), wgmma=True, bf16_kv=True)
+    wgmma = "attention.prefill_wgmma.paged_attention_prefill_wgmma"
+    assert attention(hopper, 4096, False) == attention(hopper, 7, False) == wgmma
+    assert (attention(hopper, 1, True) == wgmma) == hopper.tiled_decode
+    assert hopper.prefill_tile_queries() == plan("fast", where).prefill_tile_queries()
+    for other in (dataclasses.replace(hopper, bf16_kv=False), dataclasses.replace(hopper, wgmma=False),
+                  dataclasses.replace(hopper, head_dim=48)):
+        assert attention(other, 4096, False) == "attention.prefill_tc.paged_attention_prefill_tc"
+    assert "wgmma" not in attention(dataclasses.replace(plan("fp32", where), wgmma=True, bf16_kv=True), 4096, False)

@@ -27,7 +27,9 @@ only these choices differ (the batch-dependent plans', --no-batch-invariant; the
 | RMSNorms, residual adds, RoPE + K/V write    | rmsnorm, add_rmsnorm, rope_qkv   | the same kernels               |
 |                                              |                                  | (each norm also writing its    |
 |                                              |                                  | output as bf16: norm_bits)     |
-| attention, steps with prefill chunks         | prefill_gqa                      | prefill_tc                     |
+| attention, steps with prefill chunks         | prefill_gqa                      | prefill_tc; on Hopper over a   |
+|                                              |                                  | bf16 pool prefill_wgmma (same  |
+|                                              |                                  | tiles and bits)                |
 | attention, decode-only steps                 | decode_warps (batch >= 64), decode_gqa, flash_decode: both       |
 
 In the simulator (KernelPlan.simulator; a simulated lane is a Python thread and every syncthreads costs
@@ -88,6 +90,7 @@ from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, DECODE_WARPS_MIN_BLO
                                      paged_attention_prefill_gqa)
 from kernels_numba.attention import prefill_tc as _prefill_tc
 from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, tc_queries_per_tile
+from kernels_numba.attention.prefill_wgmma import paged_attention_prefill_wgmma, wgmma_attention_supported
 from kernels_numba.common import SIMULATOR, device_empty
 from kernels_numba.epilogues import SwiGLUEpilogue
 from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc, gemm_tc_fused
@@ -160,6 +163,7 @@ class KernelPlan:
     simulator: bool = SIMULATOR
     batch_invariant: bool = True  # the same kernels, reducing in the same order, for every row count and mix
     wgmma: bool = False   # the GPU runs wgmma (kernels_numba.wgmma.wgmma_available): large steps' GEMMs on it
+    bf16_kv: bool = False  # the KV pool holds bf16 bits (prefill_wgmma copies its rows as they are)
 
     def __post_init__(self):
         assert self.precision in PRECISIONS and self.precision != "auto", self.precision
@@ -291,6 +295,15 @@ class KernelPlan:
     def tc_attention(self) -> bool:
         return self.fast and self.head_dim % 16 == 0 and self.group <= 16 * self.tc_attention_shape()[0]
 
+    @property
+    def wgmma_attention(self) -> bool:
+        """Whether the tiled attention runs on wgmma (prefill_wgmma) rather than mma.sync (prefill_tc): on Hopper,
+        over a bf16 pool, at a shape it takes. The same query tiles, arithmetic and bits, for every step: the choice
+        depends on neither rows nor mix."""
+        warps = self.tc_attention_shape()[0]
+        return (self.tc_attention and self.wgmma and self.bf16_kv and warps % 4 == 0
+                and wgmma_attention_supported(self.head_dim, self.group, warps // 4))
+
     def prefill_tile_queries(self) -> int | None:
         """Queries per tile of the prefill attention (prefill_tc's or prefill_gqa's); None when it takes no tiles (the
         simulator's per_query)."""
@@ -325,7 +338,7 @@ class KernelPlan:
     def attention(self, batch, kv_heads: int, scale) -> Kernel:
         """The attention of a step (a DeviceBatch): (q, k_pool, v_pool) -> out.
 
-        Steps with prefill chunks: prefill_tc in the fast plan; else a block owns a query tile for all query heads of
+        Steps with prefill chunks: prefill_tc in the fast plan (prefill_wgmma where wgmma_attention); else a block owns a query tile for all query heads of
         one KV head and walks key tiles through shared memory (prefill_gqa), its query tiles built once for all
         layers (DeviceBatch.prefill_tiles). Decode-only steps: a block per (query, KV head) pair serves the group's
         query heads from one shared copy of each K/V chunk (decode_gqa); the smallest ones (under
@@ -342,6 +355,9 @@ class KernelPlan:
                           lambda q, k_pool, v_pool: launcher(q, k_pool, v_pool, *indices, **options))
         if self.tiled_attention(batch.decode_only):
             warps, keys = self.tc_attention_shape()
+            if self.wgmma_attention:
+                return kernel("prefill_wgmma.paged_attention_prefill_wgmma", paged_attention_prefill_wgmma,
+                              tiles=batch.prefill_tiles, warpgroups=warps // 4, keys_per_tile=keys)
             return kernel("prefill_tc.paged_attention_prefill_tc", paged_attention_prefill_tc,
                           tiles=batch.prefill_tiles, warps=warps, keys_per_tile=keys)
         if self.simulator:

@@ -60,7 +60,8 @@ class ModelRunner:
         self.inv_freq = cuda.to_device(self.inv_freq)
         c = self.config
         plan = KernelPlan(self.precision, c.head_dim, c.num_attention_heads // c.num_key_value_heads,
-                          batch_invariant=self.batch_invariant, wgmma=wgmma_available())
+                          batch_invariant=self.batch_invariant, wgmma=wgmma_available(),
+                          bf16_kv=self.kv_pool.dtype == "bfloat16")
         self.forward_pass = ForwardPass(c, self.weights, self.kv_pool, self.inv_freq, plan)
 
     @classmethod
