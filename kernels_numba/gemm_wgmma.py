@@ -40,6 +40,7 @@ from .activation import silu
 from .bf16 import f32_to_bf16
 from .common import SHARED_ALIGN, cdiv, cuda, flat_rows, jit, launch_with_shared, SIMULATOR
 from .epilogues import FusedOutputs, SwiGLUEpilogue, fused_outputs
+from .gemm_tc import H200_SMS
 from .mma import cp_async_16, cp_async_commit, cp_async_wait_group, shared_view
 from .wgmma import (SWIZZLE_ATOM_BYTES, SWIZZLE_ROW_BYTES, WARPGROUP, WGMMA_K, accumulators_stash, accumulators_zero,
                     check_n, compile_through_ptx_rewrite, fence_proxy_async, matrix_descriptor_sw128, shared_address,
@@ -86,6 +87,19 @@ class WgmmaTile:
 
 DEFAULT_TILE = WgmmaTile()
 SIMULATOR_TILE = WgmmaTile(block_n=16, consumers=1, stages=3, group_m=2)
+# Largest first; the smaller ones keep more K slices in flight a block (deeper stages), which is what a GEMM of a
+# few hundred rows needs: it streams W, each block's work too short to hide a copy's latency any other way.
+TILES = (DEFAULT_TILE, WgmmaTile(128, 2, 5), WgmmaTile(64, 2, 6), WgmmaTile(64, 1, 8))
+FULL_WAVE = 0.7  # a tile with blocks for this share of the SMs keeps them busy enough (the sweep's best from 64 rows)
+
+
+def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> WgmmaTile:
+    """The largest of TILES whose blocks fill FULL_WAVE of the SMs, else the one with the most blocks: the sweep's
+    best or near it at the 1B model's projections from 128 to 4,096 rows (scripts/sweep_tc_gemm.py --wgmma-tiles)."""
+    for tile in TILES:
+        if cdiv(m, tile.block_m) * cdiv(n, tile.block_n) >= FULL_WAVE * sm_count:
+            return tile
+    return TILES[-1]
 
 
 @jit(device=True)

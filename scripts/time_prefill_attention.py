@@ -12,8 +12,8 @@ Runs prefill_gqa, "prefill_tc original" (prefill_tc.ORIGINAL_OPTIONS: every refi
 (all others on: what X alone is worth); with --max-registers "prefill_tc max_registers=N" (TC_OPTIONS capped at N
 registers a thread: two 8-warp blocks an SM fit at 128); then each WARPSxKEYS of --tc-variants (warps per block x
 keys per shared K/V tile) with TC_OPTIONS; on a Hopper GPU with a bf16 pool, each WARPGROUPSxKEYS of
---wgmma-variants (prefill_wgmma: warpgroups per block x keys per tile; 2x64 is prefill_tc's default block and
-tile, whose bits it should give: the script says whether it does); with --torch the peer, torch's
+--wgmma-variants (prefill_wgmma: warpgroups per block x keys per tile [x stages]; 2x64 is prefill_tc's default
+block and tile, whose bits it should give: the script says whether each does); with --torch the peer, torch's
 scaled_dot_product_attention (bf16, causal, GQA) on the same K/V, timed by CUDA events over --repeats calls. TFLOP/s counts the causal half: 2 T^2 head_dim n_heads FLOPs (Q K^T
 and P V). Then max |difference| of the new prefill_tc against the original and against prefill_gqa (float32 math
 on the pool's values): ~1e-2 expected for both (the tensor-core kernels round q and P to bf16; the new one rounds
@@ -60,9 +60,10 @@ def kernels(spec: str, ablate: bool, max_registers: str, seq, pos, wgmma_spec: s
                build_prefill_tc_tiles(seq, pos, group, warps))
     from kernels_numba.attention.prefill_wgmma import build_prefill_wgmma_tiles, paged_attention_prefill_wgmma
     for item in filter(None, wgmma_spec.split(",")):
-        warpgroups, keys = (int(v) for v in item.split("x"))
-        yield (f"prefill_wgmma {warpgroups}x{keys}",
-               functools.partial(paged_attention_prefill_wgmma, warpgroups=warpgroups, keys_per_tile=keys),
+        warpgroups, keys, stages = (int(v) for v in (item.split("x") + ["0"])[:3])
+        yield (f"prefill_wgmma {item}",
+               functools.partial(paged_attention_prefill_wgmma, warpgroups=warpgroups, keys_per_tile=keys,
+                                 stages=stages or None),
                build_prefill_wgmma_tiles(seq, pos, group, warpgroups))
 
 
@@ -99,7 +100,7 @@ def main():
     parser.add_argument("--max-registers", default="", help="also prefill_tc with each register cap, e.g. 128")
     parser.add_argument("--tc-variants", default="", help="prefill_tc WARPSxKEYS,... (default: its defaults only)")
     parser.add_argument("--wgmma-variants", default="2x64,2x128",
-                        help="prefill_wgmma WARPGROUPSxKEYS,... (Hopper and a bf16 pool only)")
+                        help="prefill_wgmma WARPGROUPSxKEYS[xSTAGES],... (Hopper and a bf16 pool only)")
     parser.add_argument("--torch", action="store_true", help="also torch's scaled_dot_product_attention (the peer)")
     args = parser.parse_args()
     from kernels_numba.wgmma import wgmma_available

@@ -27,7 +27,7 @@ def _bf16(x):
 
 
 def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1, keys_per_tile=16, q_gain=1.0,
-              score_offset=0.0, kv_dtype=np.float32, options=None, wgmma=False):
+              score_offset=0.0, kv_dtype=np.float32, options=None, wgmma=False, stages=None):
     """Run the step through prefill_tc (in the simulator: 1-warp blocks of 16 / group queries, 16-key tiles, so the
     scenarios' up-to-33-key contexts cross 3 key tiles and their queries several query tiles). Bound: P enters the
     second mma as bf16 (2^-9 relative) while l sums float32 P: 2^-8 of W = sum_j p_j |v_j| / sum_j p_j, plus the
@@ -38,7 +38,7 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     softmax(ln 2 * q_r . k) on that q_r, and ex2.approx's 2^-22 relative error on each weight (the same weight in
     P's numerator and in l) is far inside the 2^-9 of P's bf16 rounding: the same bound.
     scenario: a test_paged_attention scenario's name, or its list of SeqSpec. wgmma: run prefill_wgmma instead, in
-    blocks of warps / 4 warpgroups (prefill_tc's arithmetic: the same bound). Returns (scores, the output's bits)."""
+    blocks of warps / 4 warpgroups, `stages` K/V stages (prefill_tc's arithmetic: the same bound). Returns (scores, the output's bits)."""
     specs = _scenario(scenario, block_size) if isinstance(scenario, str) else scenario
     step = _step(rng, specs, block_size, n_heads, n_kv_heads, head_dim)
     scale = 1.0 / np.sqrt(head_dim)
@@ -49,7 +49,7 @@ def _check_tc(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, warps=1,
     out = poisoned(step.q.shape, np.float32)
     if wgmma:
         assert options is None and warps % 4 == 0, (options, warps)
-        launch = functools.partial(paged_attention_prefill_wgmma, warpgroups=warps // 4)
+        launch = functools.partial(paged_attention_prefill_wgmma, warpgroups=warps // 4, stages=stages)
     else:
         launch = functools.partial(paged_attention_prefill_tc, warps=warps, options=options)
     got = launch(cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables), d_seq, d_pos, scale,

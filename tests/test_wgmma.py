@@ -109,12 +109,12 @@ def register_a_kernel(n: int):
     """D = A B.T in one warpgroup with A from registers (each lane packs its mma.sync A fragment from a [64, 16]
     array of bits) and B [n, 16] stored N-major in the 128-byte swizzle (row k of slice s holds B[64 s .. 64 s + 63,
     k]; slices 16 rows apart: LBO 2,048 bytes), as prefill_wgmma's P @ V."""
-    count, slices = n // 2, -(-n // 64)
+    count, rows = n // 2, 16 * -(-n // 64)  # 16 K rows a slice of 64 N
     mma, wait = wgmma_bf16_rs(n), wgmma_wait_group(0, count)
 
     @jit
     def kernel(a, b, d):
-        b_tile = cuda.shared.array((16 * slices, 8, 8), np.uint16, alignment=None if SIMULATOR else 1024)
+        b_tile = cuda.shared.array((rows, 8, 8), np.uint16, alignment=None if SIMULATOR else 1024)
         acc = cuda.local.array(count, np.float32)
         tid = cuda.threadIdx.x
         for i in range(tid, n * 16, WARPGROUP):

@@ -6,7 +6,8 @@ prefill_tc's contract, tiles, arithmetic and bits (its docstring has the math, t
 refinement); what differs is who multiplies. A block of `warpgroups` warpgroups owns a query tile of 64 warpgroups
 (query, head) rows (row r: query r // group of the tile, head kv_head * group + r % group), warpgroup w the 64-row
 band w. Q (scaled, rounded to bf16), and each key tile's K and V rows (bf16 pool rows copied by cp.async, two
-stages, the next tile in flight while this one is computed), sit in shared memory in the 128-byte swizzle
+`stages` stages, the next stages - 1 tiles in flight while this one is computed), sit in shared memory in the
+128-byte swizzle
 (wgmma.py). Per key tile of keys_per_tile keys, each warpgroup:
 1. S = Q K^T: wgmma m64n{keys}k16 over head_dim, A the band's Q rows, B the K tile (K-major: a key row holds
    head_dim contiguous), both from shared memory; S lands in registers in the accumulator fragment, which is
@@ -24,8 +25,9 @@ prompt's causal work grows with the query's position, and the longest blocks sta
 at the end.
 
 Shared memory (dynamic, from a 1,024-byte boundary found at run time): rows of 64 bf16 (128 bytes, chunk c of row
-r stored at chunk c ^ (r % 8)), head_dim / 64 column slices of each: Q's 64 warpgroups rows, then K and V of two
-stages, keys_per_tile rows each. At head_dim 64, 2 warpgroups, 64 keys: 48 KB.
+r stored at chunk c ^ (r % 8)), head_dim / 64 column slices of each: Q's 64 warpgroups rows, then K and V of each
+stage, keys_per_tile rows each: at head_dim 64, 2 warpgroups, 2 stages of 64 keys, 48 KB. The copies run
+stages - 1 tiles ahead (one barrier a tile: after it, the stage the previous tile read takes the next copies).
 """
 import functools
 
@@ -33,7 +35,7 @@ import numpy as np
 
 from ..bf16 import f32_to_bf16
 from ..common import SHARED_ALIGN, SIMULATOR, cuda, flat_rows, jit, launch_with_shared
-from ..mma import cp_async_16, cp_async_commit, cp_async_wait_all, exp2_approx, pack_f32_bf16x2, shared_view
+from ..mma import cp_async_16, cp_async_commit, cp_async_wait_group, exp2_approx, pack_f32_bf16x2, shared_view
 from ..wgmma import (SWIZZLE_ATOM_BYTES, SWIZZLE_ROW_BYTES, WARPGROUP, WGMMA_K, accumulators_zero,
                      compile_through_ptx_rewrite, fence_proxy_async, matrix_descriptor_sw128,
                      matrix_descriptor_sw128_mn, shared_address, wgmma_bf16, wgmma_bf16_rs, wgmma_commit, wgmma_fence,
@@ -49,6 +51,7 @@ CHUNKS = SLICE // CHUNK           # 8 a swizzled row
 K_STEP_BYTES = WGMMA_K * 2        # the next k16 step of S's K (head_dim) within a swizzled row
 WARPGROUPS = TC_WARPS // 4        # prefill_tc's 128 rows a block: the same query tiles
 KEY_TILE = TC_KEY_TILE            # prefill_tc's key tile: the same softmax steps, the same bits
+STAGES = 2                        # K/V tiles in shared memory (more measured no faster: docs/wgmma.md)
 OPTIONS = TcOptions()             # every refinement on: the bits of prefill_tc's default
 
 
@@ -57,19 +60,22 @@ def wgmma_attention_supported(head_dim: int, group: int, warpgroups: int = WARPG
     return head_dim % SLICE == 0 and head_dim <= 256 and group <= BAND * warpgroups
 
 
-def shared_bytes(head_dim: int, warpgroups: int, keys_per_tile: int) -> int:
-    """Q's rows, then K and V of two stages, all head_dim / 64 slices of 128-byte rows; + the alignment slack."""
+def shared_bytes(head_dim: int, warpgroups: int, keys_per_tile: int, stages: int) -> int:
+    """Q's rows, then K and V of each stage, all head_dim / 64 slices of 128-byte rows; + the alignment slack."""
     slices = head_dim // SLICE
-    return (BAND * warpgroups + 4 * keys_per_tile) * slices * SWIZZLE_ROW_BYTES + SWIZZLE_ATOM_BYTES
+    return (BAND * warpgroups + 2 * stages * keys_per_tile) * slices * SWIZZLE_ROW_BYTES + SWIZZLE_ATOM_BYTES
 
 
 @functools.cache
 def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: int, warpgroups: int,
-                                         keys_per_tile: int, route: str = "numba"):
+                                         keys_per_tile: int, stages: int, route: str = "numba"):
     """The kernel for one shape (every size a compile-time constant) and route (wgmma.py: route "ptx" compiles
     from rewritten PTX and is not cached on disk)."""
     assert wgmma_attention_supported(head_dim, group, warpgroups), (head_dim, group, warpgroups)
-    assert keys_per_tile % 16 == 0 and keys_per_tile <= 256, keys_per_tile
+    assert keys_per_tile % 16 == 0 and keys_per_tile <= 256 and stages >= 2, (keys_per_tile, stages)
+    assert shared_bytes(head_dim, warpgroups, keys_per_tile, stages) <= 227 * 1024, (
+        f"prefill_wgmma: {warpgroups} warpgroups, {stages} stages of {keys_per_tile} keys at head_dim {head_dim} "
+        f"do not fit 227 KB of shared memory")
     rows = BAND * warpgroups
     used_rows = (rows // group) * group  # rows past it: padding (the group does not divide the rows)
     threads = WARPGROUP * warpgroups
@@ -81,10 +87,12 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
     out_count = head_dim // 2
     word_count = keys_per_tile // 4  # P's bf16 pairs a thread
     minus_inf = np.float32(-np.inf)
-    # rows of the shared buffer (128 bytes each): Q's slices, then K's and V's of stage 0, then of stage 1
+    # rows of the shared buffer (128 bytes each): Q's slices, then K's and V's of stage 0, of stage 1, ...
     q_rows = rows * slices
     stage_rows = 2 * keys_per_tile * slices
-    total_rows = q_rows + 2 * stage_rows
+    total_rows = q_rows + stages * stage_rows
+    last_stage_row = q_rows + (stages - 1) * stage_rows
+    wait_tile = cp_async_wait_group(stages - 2)  # the tile's copies landed; the stages - 2 after it may fly
     view = shared_view((total_rows, CHUNKS, CHUNK))
     probe_view = shared_view((1, 1, CHUNK))
     slice_bytes = keys_per_tile * SWIZZLE_ROW_BYTES  # a K or V slice: the next 64 dims of V (its LBO)
@@ -151,10 +159,11 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
         copy_dest = (copy_chunk // CHUNKS) * keys_per_tile + copy_row
         source_col = np.uint64(np.uint32(column + copy_chunk * CHUNK))
         copy_dest_chunk = (copy_chunk % CHUNKS) ^ (copy_row % 8)
-        if key_len > 0:  # key tile 0 into stage 0, landing while Q goes to shared memory
-            copy_tile(k_flat, v_flat, table, row_len, 0, key_len, smem, q_rows, copy_row, copy_dest, copy_dest_chunk,
-                      source_col)
-            cp_async_commit()
+        for s in range(stages - 1):  # key tiles 0 .. stages - 2 into their stages, landing while Q is stored
+            if s * keys_per_tile < key_len:
+                copy_tile(k_flat, v_flat, table, row_len, s * keys_per_tile, key_len, smem, q_rows + s * stage_rows,
+                          copy_row, copy_dest, copy_dest_chunk, source_col)
+            cp_async_commit()  # (empty past key_len: every tile's group keeps its place in the count)
         for i in range(tid, rows * head_dim, threads):
             r = i // head_dim
             d = i % head_dim
@@ -176,16 +185,16 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
         q_address = shared_address(smem, band * BAND, 0, 0)  # the band's Q rows, slice 0
 
         key_start = np.int32(0)
-        next_tile_below = np.int32(key_len - keys_per_tile)
-        stage_row = q_rows  # the tile's first K row (stage 0's, then 1's, ...); its V rows keys_per_tile slices on
+        ahead_below = np.int32(key_len - (stages - 1) * keys_per_tile)  # key_start below it: a tile to copy ahead
+        stage_row = q_rows  # the tile's first K row (its stage's); its V rows keys_per_tile slices on
+        ahead_row = last_stage_row  # where tile + stages - 1 goes: the stage tile - 1 used
         while key_start < key_len:
-            cp_async_wait_all()  # this thread's copies of the tile (the only group in flight) have landed
+            wait_tile()          # this thread's copies of the tile have landed
             fence_proxy_async()  # they (and Q's stores) are visible to the wgmmas' async proxy
-            cuda.syncthreads()   # everyone's are; every warpgroup is done with the other stage
-            other_row = 2 * q_rows + stage_rows - stage_row  # the other stage's first row
-            if key_start < next_tile_below:  # the next tile into the other stage, landing during this one
-                copy_tile(k_flat, v_flat, table, row_len, key_start + keys_per_tile, key_len, smem, other_row,
-                          copy_row, copy_dest, copy_dest_chunk, source_col)
+            cuda.syncthreads()   # everyone's are; every warpgroup is done with tile - 1's stage
+            if key_start < ahead_below:  # tile + stages - 1 into that stage, landing during the next ones
+                copy_tile(k_flat, v_flat, table, row_len, key_start + (stages - 1) * keys_per_tile, key_len, smem,
+                          ahead_row, copy_row, copy_dest, copy_dest_chunk, source_col)
             cp_async_commit()
             # 1. S = Q K^T for the band's 64 rows
             k_address = shared_address(smem, stage_row, 0, 0)
@@ -249,8 +258,9 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
                 mma_output(acc, words[4 * p], words[4 * p + 1], words[4 * p + 2], words[4 * p + 3],
                            matrix_descriptor_sw128_mn(v_address + p * 16 * SWIZZLE_ROW_BYTES, slice_bytes))
             wgmma_commit()
-            wait_output(acc)  # V's stage is free for the copies after the next barrier
-            stage_row = other_row
+            wait_output(acc)  # this stage is free for the copies after the next barrier
+            ahead_row = stage_row
+            stage_row = stage_row + stage_rows if stage_row < last_stage_row else q_rows
             key_start = np.int32(key_start + keys_per_tile)
 
         sum_a = quad_sum(sum_a)
@@ -276,7 +286,8 @@ def build_prefill_wgmma_tiles(query_seq, query_pos, group: int, warpgroups: int 
 
 def paged_attention_prefill_wgmma(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None,
                                   tiles: PrefillTiles | None = None, warpgroups: int | None = None,
-                                  keys_per_tile: int | None = None, route: str | None = None):
+                                  keys_per_tile: int | None = None, stages: int | None = None,
+                                  route: str | None = None):
     """paged_attention_prefill's contract on wgmma, with prefill_tc's arithmetic (its default TcOptions): bf16 pools
     (uint16 bits, C-contiguous: read flat), head_dim 64 or a multiple of it, the group at most 64 warpgroups
     rows. `tiles` from build_prefill_wgmma_tiles (built once per step) skips rebuilding them. Returns out."""
@@ -289,6 +300,7 @@ def paged_attention_prefill_wgmma(q, k_pool, v_pool, block_tables, query_seq, qu
     group = n_heads // n_kv_heads
     warpgroups = WARPGROUPS if warpgroups is None else warpgroups
     keys_per_tile = KEY_TILE if keys_per_tile is None else keys_per_tile
+    stages = STAGES if stages is None else stages
     assert wgmma_attention_supported(head_dim, group, warpgroups), (
         f"prefill_wgmma needs head_dim a multiple of {SLICE} (got {head_dim}) and a group of at most "
         f"{BAND * warpgroups} heads (got {group})")
@@ -301,11 +313,12 @@ def paged_attention_prefill_wgmma(q, k_pool, v_pool, block_tables, query_seq, qu
         f"prefill_wgmma reads the pools as flat arrays: they must be C-contiguous (strides {k_pool.strides})")
     if tiles.num_tiles > 0:
         route = "numba" if SIMULATOR else (route or wgmma_route())
-        kernel = paged_attention_prefill_wgmma_kernel(head_dim, group, block_size, warpgroups, keys_per_tile, route)
+        kernel = paged_attention_prefill_wgmma_kernel(head_dim, group, block_size, warpgroups, keys_per_tile, stages,
+                                                      route)
         args = (q, *flat_rows(k_pool, v_pool), block_tables, tiles.seq, tiles.tokens, tiles.positions, tiles.key_len,
                 q_scale(scale, OPTIONS), out)
         if route == "ptx":
             compile_through_ptx_rewrite(kernel, args)
         launch_with_shared(kernel, (tiles.num_tiles, n_kv_heads), WARPGROUP * warpgroups,
-                           shared_bytes(head_dim, warpgroups, keys_per_tile), *args)
+                           shared_bytes(head_dim, warpgroups, keys_per_tile, stages), *args)
     return out

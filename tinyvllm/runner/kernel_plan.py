@@ -96,6 +96,7 @@ from kernels_numba.epilogues import SwiGLUEpilogue
 from kernels_numba.gemm_tc import CHUNK, TileShape, gemm_tc, gemm_tc_fused
 from kernels_numba.gemm_wgmma import SIMULATOR_TILE as SIMULATOR_WGMMA_TILE
 from kernels_numba.gemm_wgmma import WgmmaTile, gemm_wgmma_fused
+from kernels_numba.gemm_wgmma import tile_for as wgmma_tile_for
 
 from tinyvllm.errors import TinyVLLMError
 from tinyvllm.runner.choices import PRECISIONS, check_precision
@@ -119,8 +120,7 @@ FAST_GEMV_MAX_TOKENS = int(os.environ.get("TINYVLLM_FAST_GEMV_MAX_TOKENS", 2))
 # (KernelPlan.wgmma: Hopper), below to gemm_tc's mma.sync: both add each k16 step's products in K order, so a row
 # gets the same bits from either and the switch keeps batch invariance (tests/test_wgmma.py). Measured:
 # docs/wgmma.md.
-WGMMA_MIN_ROWS = 512
-WGMMA_TILE = WgmmaTile(256, 2, 4)
+WGMMA_MIN_ROWS = 128
 
 
 def resolve_precision(requested: str, weight_dtype, simulator: bool = SIMULATOR) -> str:
@@ -191,12 +191,13 @@ class KernelPlan:
             return 1
         return _gemm_tc.split_for(rows, out_features, in_features, tile)
 
-    def wgmma_tile(self, rows: int) -> WgmmaTile | None:
-        """gemm_wgmma's tile for a tensor-core projection of `rows` rows, or None for gemm_tc: wgmma from
-        WGMMA_MIN_ROWS where the plan has it."""
+    def wgmma_tile(self, rows: int, out_features: int) -> WgmmaTile | None:
+        """gemm_wgmma's tile for a tensor-core projection of rows x out_features, or None for gemm_tc: wgmma from
+        WGMMA_MIN_ROWS where the plan has it, its tile gemm_wgmma.tile_for's (the tile may follow the rows: every
+        tile adds an output's k16 steps in K order)."""
         if not (self.wgmma and rows >= WGMMA_MIN_ROWS):
             return None
-        return SIMULATOR_WGMMA_TILE if self.simulator else WGMMA_TILE
+        return SIMULATOR_WGMMA_TILE if self.simulator else wgmma_tile_for(rows, out_features)
 
     def tc_min_rows(self) -> int:
         """The fewest rows a projection takes to the tensor cores: 1 where invariant (a lone row rounded to bf16 as in
@@ -219,9 +220,9 @@ class KernelPlan:
         """y = x @ W.T for x [rows, in_features]: gemm_tc (x float32 or uint16 bf16 bits) where the tensor cores take
         it, else matmul.linear_kernel's choice (gemv, gemv_coalesced or gemm_blocked)."""
         if self.uses_tensor_cores(rows, in_features):
-            if self.wgmma_tile(rows) is not None:
-                return Kernel("gemm_wgmma.gemm_wgmma",
-                              lambda x, w: gemm_wgmma_fused(x, w, tile=self.wgmma_tile(x.shape[0])).out)
+            if self.wgmma_tile(rows, CHUNK) is not None:
+                return Kernel("gemm_wgmma.gemm_wgmma", lambda x, w: gemm_wgmma_fused(
+                    x, w, tile=self.wgmma_tile(x.shape[0], w.shape[0])).out)
 
             def tensor_cores(x, w):
                 tile = self.tc_tile(x.shape[0], w.shape[0])
@@ -254,7 +255,8 @@ class KernelPlan:
         if not (self.uses_tensor_cores(rows, hidden) and self.uses_tensor_cores(rows, intermediate)):
             return False
         width = 2 * intermediate
-        return self.wgmma_tile(rows) is not None or self.tc_splits(rows, width, hidden, self.tc_tile(rows, width)) == 1
+        return (self.wgmma_tile(rows, width) is not None
+                or self.tc_splits(rows, width, hidden, self.tc_tile(rows, width)) == 1)
 
     def swiglu(self, rows: int, intermediate: int) -> Kernel:
         """silu(gate) * up of the gate|up projection's output, for down_proj: bf16 bits when down_proj runs on tensor
@@ -267,10 +269,10 @@ class KernelPlan:
         """(x, W = [Wg; Wu]) -> silu(x Wg) * (x Wu) for down_proj: one gemm_tc launch writing bf16 where fuses_swiglu,
         else the gate|up projection then swiglu."""
         if self.fuses_swiglu(rows, hidden, intermediate):
-            if self.wgmma_tile(rows) is not None:
+            if self.wgmma_tile(rows, 2 * intermediate) is not None:
                 def fused_wgmma(x, w_gate_up):
                     return gemm_wgmma_fused(x, w_gate_up, SwiGLUEpilogue(bf16=True),
-                                            tile=self.wgmma_tile(x.shape[0])).out
+                                            tile=self.wgmma_tile(x.shape[0], w_gate_up.shape[0])).out
                 return Kernel("gemm_wgmma.gemm_wgmma (gate|up in one, silu(gate) * up behind: SwiGLUEpilogue, bf16)",
                               fused_wgmma)
 
