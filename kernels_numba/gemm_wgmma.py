@@ -90,7 +90,7 @@ SIMULATOR_TILE = WgmmaTile(block_n=16, consumers=1, stages=3, group_m=2)
 # Largest first; the smaller ones keep more K slices in flight a block (deeper stages), which is what a GEMM of a
 # few hundred rows needs: it streams W, each block's work too short to hide a copy's latency any other way.
 TILES = (DEFAULT_TILE, WgmmaTile(128, 2, 5), WgmmaTile(64, 2, 6), WgmmaTile(64, 1, 8))
-FULL_WAVE = 0.7  # a tile with blocks for this share of the SMs keeps them busy enough (the sweep's best from 64 rows)
+FULL_WAVE = 0.7  # a tile with blocks for this share of the SMs keeps them busy enough (fitted to the sweep)
 
 
 def tile_for(m: int, n: int, sm_count: int = H200_SMS) -> WgmmaTile:
