@@ -191,11 +191,16 @@ class KernelPlan:
             return 1
         return _gemm_tc.split_for(rows, out_features, in_features, tile)
 
+    def uses_wgmma(self, rows: int) -> bool:
+        """Whether a tensor-core projection of `rows` rows runs on gemm_wgmma: from WGMMA_MIN_ROWS where the plan has
+        wgmma."""
+        return self.wgmma and rows >= WGMMA_MIN_ROWS
+
     def wgmma_tile(self, rows: int, out_features: int) -> WgmmaTile | None:
         """gemm_wgmma's tile for a tensor-core projection of rows x out_features, or None for gemm_tc: wgmma from
         WGMMA_MIN_ROWS where the plan has it, its tile gemm_wgmma.tile_for's (the tile may follow the rows: every
         tile adds an output's k16 steps in K order)."""
-        if not (self.wgmma and rows >= WGMMA_MIN_ROWS):
+        if not self.uses_wgmma(rows):
             return None
         return SIMULATOR_WGMMA_TILE if self.simulator else wgmma_tile_for(rows, out_features)
 
@@ -220,7 +225,7 @@ class KernelPlan:
         """y = x @ W.T for x [rows, in_features]: gemm_tc (x float32 or uint16 bf16 bits) where the tensor cores take
         it, else matmul.linear_kernel's choice (gemv, gemv_coalesced or gemm_blocked)."""
         if self.uses_tensor_cores(rows, in_features):
-            if self.wgmma_tile(rows, CHUNK) is not None:
+            if self.uses_wgmma(rows):
                 return Kernel("gemm_wgmma.gemm_wgmma", lambda x, w: gemm_wgmma_fused(
                     x, w, tile=self.wgmma_tile(x.shape[0], w.shape[0])).out)
 
@@ -255,8 +260,7 @@ class KernelPlan:
         if not (self.uses_tensor_cores(rows, hidden) and self.uses_tensor_cores(rows, intermediate)):
             return False
         width = 2 * intermediate
-        return (self.wgmma_tile(rows, width) is not None
-                or self.tc_splits(rows, width, hidden, self.tc_tile(rows, width)) == 1)
+        return self.uses_wgmma(rows) or self.tc_splits(rows, width, hidden, self.tc_tile(rows, width)) == 1
 
     def swiglu(self, rows: int, intermediate: int) -> Kernel:
         """silu(gate) * up of the gate|up projection's output, for down_proj: bf16 bits when down_proj runs on tensor
@@ -269,7 +273,7 @@ class KernelPlan:
         """(x, W = [Wg; Wu]) -> silu(x Wg) * (x Wu) for down_proj: one gemm_tc launch writing bf16 where fuses_swiglu,
         else the gate|up projection then swiglu."""
         if self.fuses_swiglu(rows, hidden, intermediate):
-            if self.wgmma_tile(rows, 2 * intermediate) is not None:
+            if self.uses_wgmma(rows):
                 def fused_wgmma(x, w_gate_up):
                     return gemm_wgmma_fused(x, w_gate_up, SwiGLUEpilogue(bf16=True),
                                             tile=self.wgmma_tile(x.shape[0], w_gate_up.shape[0])).out
@@ -340,9 +344,9 @@ class KernelPlan:
     def attention(self, batch, kv_heads: int, scale) -> Kernel:
         """The attention of a step (a DeviceBatch): (q, k_pool, v_pool) -> out.
 
-        Steps with prefill chunks: prefill_tc in the fast plan (prefill_wgmma where wgmma_attention); else a block owns a query tile for all query heads of
-        one KV head and walks key tiles through shared memory (prefill_gqa), its query tiles built once for all
-        layers (DeviceBatch.prefill_tiles). Decode-only steps: a block per (query, KV head) pair serves the group's
+        Steps with prefill chunks: prefill_tc in the fast plan (prefill_wgmma where wgmma_attention); else a block
+        owns a query tile for all query heads of one KV head and walks key tiles through shared memory (prefill_gqa),
+        its query tiles built once for all layers (DeviceBatch.prefill_tiles). Decode-only steps: a block per (query, KV head) pair serves the group's
         query heads from one shared copy of each K/V chunk (decode_gqa); the smallest ones (under
         DECODE_GQA_MIN_BLOCKS pairs: batches up to 7 on Llama-3.2-1B) also a block per key partition
         (flash_decode), so that a batch-1 step keeps more than 8 blocks busy; the largest (from
