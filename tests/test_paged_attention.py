@@ -12,7 +12,7 @@ from kernels_numba.attention import (
     paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
     paged_attention_prefill_gqa, paged_attention_ref, write_kv_paged,
     paged_attention_decode_gqa, paged_attention_flash_decode,
-    write_kv_paged_ref)
+    write_kv_paged_ref, prefill_tiles_host)
 from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
 from tests.helpers import poisoned
 
@@ -410,6 +410,20 @@ def test_prefill_tiles_cover_each_query_once_within_one_sequence(rng, width):
         assert (query_pos[members] == positions[i][real[i]]).all()
         assert (np.diff(positions[i][real[i]]) > 0).all()  # sorted by position
         assert key_len[i] == positions[i].max() + 1
+
+
+def test_padded_prefill_tiles_put_the_empty_ones_first(rng):
+    """A CUDA graph's fixed tile count: the padding leads, so heaviest-first kernels (the last tile first) start the
+    real tiles before it; the real tiles are the unpadded ones, in the same order."""
+    query_seq = np.repeat(np.array([1, 0], np.int32), [QTILE + 3, 5])
+    query_pos = np.concatenate([np.arange(QTILE + 3), np.arange(40, 45)]).astype(np.int32)
+    order = rng.permutation(len(query_seq))
+    plain = prefill_tiles_host(query_seq[order], query_pos[order], QTILE)
+    used = len(plain[0])
+    padded = prefill_tiles_host(query_seq[order], query_pos[order], QTILE, used + 4)
+    assert (padded[3][:4] == 0).all() and (padded[1][:4] == -1).all() and (padded[3][4:] > 0).all()
+    for got, want in zip(padded, plain):
+        np.testing.assert_array_equal(got[4:], want)
 
 
 def test_rejects_head_dim_beyond_local_accumulator():

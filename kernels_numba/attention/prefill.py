@@ -122,7 +122,9 @@ def prefill_tiles_host(query_seq, query_pos, queries_per_tile: int,
                        num_tiles: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """build_prefill_tiles' arrays on the host: (seq, tokens, positions, key_len). With `num_tiles`, padded to that
     many tiles with empty ones (seq 0, no tokens, key_len 0: the prefill kernels load no key and write nothing for
-    them), so that a CUDA graph's launch grid stays fixed (tinyvllm/runner/prefill_graphs.py)."""
+    them), so that a CUDA graph's launch grid stays fixed (tinyvllm/runner/prefill_graphs.py). The empty tiles come
+    first: the tensor-core kernels take the tiles from the last one (heaviest first), so they start the real tiles
+    before the padding."""
     query_seq = _to_host(query_seq)
     query_pos = _to_host(query_pos)
     assert query_seq.shape == query_pos.shape and query_seq.ndim == 1, (query_seq.shape, query_pos.shape)
@@ -134,10 +136,10 @@ def prefill_tiles_host(query_seq, query_pos, queries_per_tile: int,
     run = np.repeat(np.arange(len(starts)), counts)   # each sorted query's run (one per sequence)
     rank = np.arange(len(order)) - starts[run]         # its place within its sequence
     run_tiles = -(-counts // queries_per_tile)
-    tile = (np.cumsum(run_tiles) - run_tiles)[run] + rank // queries_per_tile
     used = int(run_tiles.sum())
     num_tiles = used if num_tiles is None else num_tiles
     assert used <= num_tiles, f"{used} query tiles, room for {num_tiles}"
+    tile = (num_tiles - used) + (np.cumsum(run_tiles) - run_tiles)[run] + rank // queries_per_tile
     tile_tokens = np.full((num_tiles, queries_per_tile), -1, np.int32)
     tile_positions = np.full((num_tiles, queries_per_tile), -1, np.int32)
     tile_tokens[tile, rank % queries_per_tile] = order

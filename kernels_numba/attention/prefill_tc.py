@@ -257,6 +257,8 @@ def paged_attention_prefill_tc_kernel(head_dim: int, group: int, block_size: int
         quad = lane % 4
         seq = tile_seq[tile]
         key_len = tile_key_len[tile]
+        if key_len == 0:  # a CUDA graph's padding tile: no query, nothing to write
+            return
         column = kv_head * head_dim  # this KV head's first column of a pool row
         table = block_tables[seq]  # the sequence's row of block ids
         # a pool row holds every KV head's K (or V): n_kv_heads x head_dim, n_kv_heads the grid's rows of blocks

@@ -150,6 +150,8 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
         quad = lane % 4
         seq = tile_seq[tile]
         key_len = tile_key_len[tile]
+        if key_len == 0:  # a CUDA graph's padding tile: no query, nothing to write
+            return
         column = kv_head * head_dim  # this KV head's first column of a pool row
         table = block_tables[seq]
         row_len = np.uint64(np.uint32(cuda.gridDim.y * head_dim))
