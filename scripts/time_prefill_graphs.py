@@ -48,7 +48,7 @@ def prompt_batch(engine, lengths, rng, first_block: int):
 def check_logits(engine, lengths, rng) -> tuple[float, bool, int]:
     batch = prompt_batch(engine, lengths, rng, first_block=1)
     eager = engine.runner.forward(batch).copy_to_host()
-    graphed = engine.runner.prefill_graphs.run(batch).copy_to_host()
+    graphed = engine.runner.prefill_graphs.run(batch)[0].copy_to_host()
     diff = float(np.abs(graphed.astype(np.float64) - eager).max())
     same_argmax = bool((graphed.argmax(axis=1) == eager.argmax(axis=1)).all())
     return diff, same_argmax and np.isfinite(eager).all(), engine.runner.prefill_graphs.bucket_for(batch.num_tokens)

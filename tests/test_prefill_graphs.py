@@ -14,10 +14,12 @@ import pytest
 from kernels_numba.common import SIMULATOR, LayerArena, SharedStorage, begin_layer, device_empty, launching_into
 from kernels_numba.kv_dtype import kv_encode_ref
 from kernels_numba.matmul import MAX_COALESCED_TOKENS
+from kernels_numba.sampling import argmax_ref
 from tinyvllm.engine.engine import EngineConfig, LLMEngine
 from tinyvllm.runner.kv_pool import KVPool
 from tinyvllm.model.loader import load_model
 from tinyvllm.runner.inputs import ForwardBatch
+from tinyvllm.runner import prefill_graphs
 from tinyvllm.runner.model_runner import ModelRunner
 from tinyvllm.runner.prefill_graphs import PrefillGraphs, activation_bytes_per_token, prefill_buckets_up_to
 from tinyvllm.engine.sampling_params import SamplingParams
@@ -113,11 +115,12 @@ def test_replayed_steps_match_eager_logits_and_kv_writes(model, precision):
         eager = None if eager is None else eager.copy_to_host()
         eager_pools = _pools(runner)
         _set_pools(runner, before)
-        graphed = graphs.run(batch)
-        assert (graphed is None) == (eager is None), name
+        graphed, greedy = graphs.run(batch)
+        assert (graphed is None) == (eager is None) == (greedy is None), name
         if eager is not None:
             assert np.isfinite(eager).all()
             np.testing.assert_array_equal(graphed.copy_to_host(), eager, err_msg=name)
+            np.testing.assert_array_equal(greedy.copy_to_host(), argmax_ref(eager), err_msg=name)
         for got, want in zip(_pools(runner), eager_pools):  # the same slots written, nothing else (NaN == NaN)
             np.testing.assert_array_equal(got, want, err_msg=name)
         assert any((p != b).any() for p, b in zip(eager_pools, before)), "the step wrote no KV: proves nothing"
@@ -133,6 +136,26 @@ def test_replayed_steps_match_eager_logits_and_kv_writes(model, precision):
         fused_gate_up = 2 * 4 * 2 * model.config.intermediate_size * 12
         assert (0.8 * (estimate - fused_gate_up) if SIMULATOR else 0) <= graphs.storage.bytes <= estimate, (
             graphs.storage.bytes, estimate)
+
+
+def test_steps_with_more_logits_rows_than_the_logits_graphs_take_run_the_lm_head_eagerly(model, monkeypatch):
+    """Past LOGITS_GRAPH_ROWS rows the LM head runs eagerly after the replay (no argmax); up to it from the bucket's
+    logits graph of that many rows: the same logits either way."""
+    monkeypatch.setattr(prefill_graphs, "LOGITS_GRAPH_ROWS", 2)
+    rng = np.random.default_rng(5)
+    runner = _runner(model, "fp32")
+    graphs = PrefillGraphs(runner.forward_pass, BUCKETS[-1], MAX_SEQS, WIDTH, buckets=BUCKETS)
+    steps = _steps(rng, model.config.vocab_size)
+    for name, rows, graphed_rows in (("several", 3, False), ("one", 1, True)):
+        batch = steps[name][1]
+        assert len(batch.logits_rows) == rows
+        before = _pools(runner)
+        eager = runner.forward(batch).copy_to_host()
+        _set_pools(runner, before)
+        logits, greedy = graphs.run(batch)
+        assert (greedy is not None) == graphed_rows, name
+        np.testing.assert_array_equal(logits.copy_to_host(), eager, err_msg=name)
+    assert sorted(graphs._captured[graphs.bucket_for(steps["one"][1].num_tokens)]._logits) == [1]
 
 
 def test_layer_arena_alternates_two_sets_and_buckets_share_storage():

@@ -131,7 +131,7 @@ class ModelRunner:
         if decode_graph:
             logits, greedy_ids = self.decode_graphs.run(batch)
         elif graphs and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
-            logits = self.prefill_graphs.run(batch)
+            logits, greedy_ids = self.prefill_graphs.run(batch)
         else:
             logits = yield from self.forward_stages(batch, all_logits=all_logits, synchronize=synchronize)
         if all_logits:  # the sampler and logprobs read the logits rows only

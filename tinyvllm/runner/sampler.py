@@ -21,10 +21,13 @@ from tinyvllm.runner.logprobs import LogitsPlan, record_logprobs
 def sample_step(logits, plan: LogitsPlan, schedule: SchedulerOutput, greedy_ids=None) -> dict[int, int]:
     """seq_id -> new token for each sequence of the step that samples, its logprobs (if asked for) recorded on
     its request. `logits`: the step's logits rows (plan.rows); `greedy_ids`: their argmax if the step computed
-    it already (a decode graph does)."""
+    it already (a decode or prefill graph does), used where the sampler reads those same rows."""
     sampling = schedule.sampling_seqs
     wants_logprobs = any(s.seq.data.params.wants_logprobs for s in schedule.scheduled)
-    tokens = next_tokens(plan.sampler_logits(logits, wants_logprobs), sampling, greedy_ids) if sampling else []
+    tokens = []
+    if sampling:
+        sampler_logits = plan.sampler_logits(logits, wants_logprobs)
+        tokens = next_tokens(sampler_logits, sampling, greedy_ids if sampler_logits is logits else None)
     if wants_logprobs:
         record_logprobs(logits, plan, [(seq.data, t) for seq, t in zip(sampling, tokens)])
     return {seq.seq_id: t for seq, t in zip(sampling, tokens)}
