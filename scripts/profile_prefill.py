@@ -4,6 +4,7 @@ the dense bf16 peak, its bytes at the copy bandwidth measured here as tinyvllm b
 tinyvllm.bench.report.copy_bandwidth).
 
     python scripts/profile_prefill.py [--model-dir /tmp/llama-1b-random] [--tokens 1024,4096] [--precision fast]
+                                      [--max-num-seqs 256]
 
 The stages' sum against the whole graph shows what the gaps between kernels cost; each stage's ms against its
 floor what its kernel leaves. GPU only.
@@ -23,11 +24,13 @@ def main():
     parser.add_argument("--tokens", default="1024,4096", help="prompt lengths, comma-separated")
     parser.add_argument("--precision", choices=("fast", "fp32"), default="fast")
     parser.add_argument("--repeats", type=int, default=10, help="graph launches a timing averages")
+    parser.add_argument("--max-num-seqs", type=int, default=1,
+                        help="the engine's sequences (the bench runs 256: more padding tiles in the attention grid)")
     args = parser.parse_args()
     from tinyvllm.engine.engine import EngineConfig, LLMEngine
     from tinyvllm.engine.sampling_params import SamplingParams
     lens = [int(n) for n in args.tokens.split(",")]
-    engine = LLMEngine(args.model_dir, EngineConfig(max_num_seqs=1, max_num_batched_tokens=max(lens),
+    engine = LLMEngine(args.model_dir, EngineConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=max(lens),
                                                     max_model_len=max(lens) + 16, cuda_graphs=True,
                                                     prefill_graphs=True, compile_workers=0, enable_prefix_caching=False,
                                                     precision=args.precision))

@@ -92,3 +92,19 @@ def test_workers_compile_what_the_graphs_need_and_the_tokens_stay_the_same(tmp_p
     assert parallel["tokens"] == serial["tokens"]
     warm = _start(4, tmp_path / "parallel")  # the workers' kernels were saved to the disk cache
     assert not any("processes" in m for m in warm["messages"]) and warm["tokens"] == serial["tokens"]
+
+
+def _claim_many(counter: str, times: int) -> list[int]:
+    from tinyvllm.runner.compile_workers import claim
+    return [claim(counter) for _ in range(times)]
+
+
+def test_workers_claim_each_miss_once(tmp_path):
+    """The shared counter the workers take misses from: every index once, whoever asks, even all at once."""
+    import multiprocessing
+    counter = tmp_path / "next-miss"
+    counter.write_text("0")
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        claimed = pool.starmap(_claim_many, [(str(counter), 50)] * 4)
+    assert sorted(i for got in claimed for i in got) == list(range(200))
+    assert all(got == sorted(got) for got in claimed)  # each worker's claims only go up
