@@ -59,22 +59,6 @@ def test_a_miss_is_known_in_any_process_by_its_function_closure_and_argument_typ
     assert identity(Miss(one, ("int32",)))[0].endswith("_factory.<locals>.kernel")
 
 
-def test_a_worker_gets_the_weights_shapes_not_their_values():
-    """The spec a worker reads: every device array of the weights as its shape and dtype, allocated again there."""
-    import pickle
-    from tinyvllm.model.loader import load_model
-    from tinyvllm.runner.compile_workers import ArraySpec, empty_weights, weights_skeleton
-    weights = load_model(log=lambda message: None).weights
-    skeleton = pickle.loads(pickle.dumps(weights_skeleton(weights)))
-    assert skeleton.layers[0].qkv_proj == ArraySpec(tuple(weights.layers[0].qkv_proj.shape),
-                                                    weights.layers[0].qkv_proj.dtype.str)
-    again = empty_weights(skeleton)
-    assert len(again.layers) == len(weights.layers)
-    for got, want in [(again.embed_tokens, weights.embed_tokens), (again.lm_head, weights.lm_head),
-                      (again.layers[-1].down_proj, weights.layers[-1].down_proj)]:
-        assert got.shape == want.shape and got.dtype == want.dtype and got is not want
-
-
 def test_compile_workers_must_not_be_negative():
     with pytest.raises(TinyVLLMError, match="compile_workers"):
         EngineConfig(compile_workers=-1)

@@ -6,23 +6,21 @@ before the graphs are captured, instead of one at a time as each bucket's record
 1. Discover (kernels_numba.compile_ahead): every bucket's recording pass runs with launches that launch nothing,
    listing each (kernel, argument types) neither compiled nor in the disk cache. A warm cache lists none: done.
    The largest bucket goes first: when it misses anything (an empty cache), the workers start at once and the
-   rest of the discovery here overlaps their start; otherwise they start after it, if anything missed.
-2. Start N workers (`python -m tinyvllm.runner.compile_workers SPEC I OUT SPAWNED`), N at most the CPU cores, what
-   the GPU's free memory holds of the model and (when known first) the misses. A worker reads no model file: the
-   spec carries the model's config, RoPE frequencies and its weights' shapes and dtypes (uninitialised device
-   arrays there: the kernels and tiles follow shapes, never values), and a small KV pool (its size changes no
-   kernel). Each worker builds the same runner, discovers the same list, then claims misses one at a time from a
-   shared counter (a locked file) until none is left, so a worker done early takes more; its payloads come back
-   in a file.
+   rest of the discovery overlaps their start (the interpreter, numba, a CUDA context); otherwise they start after
+   it, if anything missed.
+2. The misses go to a file, pickled (a numba dispatcher pickles as its Python function, closure included, and
+   its options; numba types pickle too). N workers (`python -m tinyvllm.runner.compile_workers FOLDER I SPAWNED`,
+   N at most the CPU cores, what the GPU's free memory holds of CUDA contexts and, when known first, the misses)
+   read it and claim misses one at a time from a shared counter (a locked file) until none is left, so a worker
+   done early takes more. A worker needs no model and no runner; its payloads come back in a file.
 3. Install each payload whose identity matches (loaded here, saved to the disk cache for the next start).
-A worker that fails or times out costs nothing but time: what it did not deliver compiles at its first launch as
-before. GPU only; the simulator compiles nothing.
+A miss that does not pickle, and whatever a failed or late worker did not deliver, compiles at its first launch as
+before: a worker costs nothing but time. GPU only; the simulator compiles nothing.
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
-import math
 import os
 import pickle
 import subprocess
@@ -36,50 +34,8 @@ from kernels_numba.compile_ahead import Miss, compile_payload, discovering, iden
 
 WORKER_TIMEOUT_S = 900
 MAX_WORKERS = 16
-WORKER_OVERHEAD_BYTES = 1 << 30  # a CUDA context, activations, a small KV pool
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSpec:
-    model_config: object  # the model's ModelConfig
-    weights: object       # its DeviceWeights with every device array an ArraySpec
-    inv_freq: object      # RoPE frequencies (numpy)
-    config: object        # the engine's EngineConfig, with a small KV pool
-    counter: str          # the file of the next unclaimed miss's index
-
-
-@dataclasses.dataclass(frozen=True)
-class ArraySpec:
-    shape: tuple
-    dtype: str
-
-
-def _is_device_array(value) -> bool:
-    return hasattr(value, "copy_to_host") and hasattr(value, "shape")  # (the simulator's too)
-
-
-def _map_leaves(value, is_leaf, convert):
-    """`value` with each leaf (is_leaf) replaced by convert(leaf), through dataclasses, lists and tuples."""
-    if is_leaf(value):
-        return convert(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _map_leaves(getattr(value, f.name), is_leaf, convert)
-                                             for f in dataclasses.fields(value) if f.init})
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_leaves(v, is_leaf, convert) for v in value)
-    return value
-
-
-def weights_skeleton(weights):
-    """The weights (DeviceWeights) with every device array replaced by its ArraySpec."""
-    return _map_leaves(weights, _is_device_array, lambda array: ArraySpec(tuple(array.shape), array.dtype.str))
-
-
-def empty_weights(skeleton):
-    """A skeleton's device arrays allocated, uninitialised."""
-    from kernels_numba.common import cuda
-    return _map_leaves(skeleton, lambda value: isinstance(value, ArraySpec),
-                       lambda spec: cuda.device_array(spec.shape, spec.dtype))
+WORKER_BYTES = 1 << 30  # GPU memory a worker may take: its CUDA context and the compiler's
+POLL_S = 0.01           # how often a started worker looks for the misses file
 
 
 @contextmanager
@@ -109,21 +65,13 @@ def discover_graph_kernels(runner, largest_only: bool = False) -> list[Miss]:
     return misses
 
 
-def _device_bytes(weights) -> int:
-    """Bytes of the weights' device arrays, each once (a tied lm_head is the embedding)."""
-    sizes = {}
-    _map_leaves(weights, _is_device_array, lambda array: sizes.setdefault(id(array), int(array.nbytes)))
-    return sum(sizes.values())
-
-
-def worker_count(misses: int, weight_bytes: int, requested: int | None = None) -> int:
+def worker_count(misses: int, requested: int | None = None) -> int:
     """How many workers: `requested` (or the CPU cores, at most MAX_WORKERS), no more than `misses`, nor than
-    half the GPU's free memory holds copies of the model."""
+    half the GPU's free memory holds at WORKER_BYTES each."""
     from kernels_numba.common import cuda
     cores = requested if requested is not None else min(MAX_WORKERS, os.cpu_count() or 1)
     free, _ = cuda.current_context().get_memory_info()
-    fit = int(free * 0.5 // (weight_bytes + WORKER_OVERHEAD_BYTES))
-    return max(0, min(cores, misses, fit))
+    return max(0, min(cores, misses, int(free * 0.5 // WORKER_BYTES)))
 
 
 def compile_graph_kernels(config, runner, log=None, workers: int | None = None) -> int:
@@ -134,21 +82,18 @@ def compile_graph_kernels(config, runner, log=None, workers: int | None = None) 
         return 0
     log = log or (lambda message: None)
     start = time.perf_counter()
-    weight_bytes = _device_bytes(runner.weights)
     early = bool(discover_graph_kernels(runner, largest_only=True))  # an empty cache: start the workers now
     with tempfile.TemporaryDirectory(prefix="tinyvllm-compile-") as folder:
-        pool = None
-        if early:
-            pool = _WorkerPool(config, runner, folder, worker_count(MAX_WORKERS, weight_bytes, workers))
+        pool = _WorkerPool(folder, worker_count(MAX_WORKERS, workers)) if early else None
         misses = discover_graph_kernels(runner)
-        if pool is None:
-            count = worker_count(len(misses), weight_bytes, workers)
-            pool = _WorkerPool(config, runner, folder, count) if count >= 2 and misses else None
-        if pool is None or pool.count < 2:
+        if pool is None and misses:
+            pool = _WorkerPool(folder, worker_count(len(misses), workers))
+        if pool is None or pool.count < 2 or not misses:
             if pool is not None:
                 pool.stop()
             return 0
-        log(f"compiling {len(misses)} kernels in {pool.count} processes (a first start; the next one loads them; "
+        sent = pool.send(misses)
+        log(f"compiling {sent} kernels in {pool.count} processes (a first start; the next one loads them; "
             f"found in {time.perf_counter() - start:.1f} s)")
         installed, phases, compiles = pool.collect(misses, WORKER_TIMEOUT_S - (time.perf_counter() - start), log)
     log(f"compiled {installed} of {len(misses)} kernels in {pool.count} processes in "
@@ -159,23 +104,29 @@ def compile_graph_kernels(config, runner, log=None, workers: int | None = None) 
 
 
 class _WorkerPool:
-    """`count` worker processes started on the runner's spec, their files in `folder`."""
+    """`count` worker processes, started at once; their files in `folder`."""
 
-    def __init__(self, config, runner, folder: str, count: int):
-        self.count = count
-        blocks = math.ceil(config.max_model_len_for(runner.config.max_position_embeddings) / config.block_size) + 1
-        counter = Path(folder, "next-miss")
-        counter.write_text("0")
-        spec = WorkerSpec(runner.config, weights_skeleton(runner.weights), runner.inv_freq.copy_to_host(),
-                          dataclasses.replace(config, num_blocks=blocks), str(counter))
-        spec_path = Path(folder, "spec.pickle")
-        spec_path.write_bytes(pickle.dumps(spec))
+    def __init__(self, folder: str, count: int):
+        self.folder, self.count = Path(folder), count
+        Path(folder, "next-miss").write_text("0")
         self.outs = [Path(folder, f"worker-{i}.pickle") for i in range(count)]
         self.logs = [open(Path(folder, f"worker-{i}.log"), "w") for i in range(count)]
-        self.processes = [subprocess.Popen([sys.executable, "-m", "tinyvllm.runner.compile_workers", str(spec_path),
-                                            str(i), str(out), repr(time.time())],
-                                           stdout=self.logs[i], stderr=subprocess.STDOUT)
-                          for i, out in enumerate(self.outs)]
+        self.processes = [subprocess.Popen([sys.executable, "-m", "tinyvllm.runner.compile_workers", folder, str(i),
+                                            repr(time.time())], stdout=self.logs[i], stderr=subprocess.STDOUT)
+                          for i in range(count)]
+
+    def send(self, misses: list[Miss]) -> int:
+        """Hand the workers `misses` (those that pickle, at their indexes); returns how many."""
+        jobs = {}
+        for index, miss in enumerate(misses):
+            try:
+                jobs[index] = pickle.dumps((miss.kernel, miss.argtypes), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - such a kernel compiles at its first launch instead
+                continue
+        partial = self.folder / "misses.pickle.partial"
+        partial.write_bytes(pickle.dumps((len(misses), jobs), protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(partial, self.folder / "misses.pickle")
+        return len(jobs)
 
     def stop(self) -> None:
         for process, log in zip(self.processes, self.logs):
@@ -212,10 +163,10 @@ class _WorkerPool:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerPhases:
-    """Seconds a worker spent: from its spawn to worker() (the interpreter and imports), building its runner and
-    discovering the misses, compiling its share."""
+    """Seconds a worker spent: from its spawn to a CUDA context (the interpreter, imports, the context), then until
+    the misses came, then compiling."""
     started: float
-    discovered: float
+    waited: float
     compiled: float
 
 
@@ -227,10 +178,10 @@ def _short(qualified: str) -> str:
 
 def summarize(phases: list[WorkerPhases], compiles: list[tuple[float, str]]) -> str:
     """One line: where the workers' time went (the slowest worker's phases) and the slowest compiles."""
-    slowest = max(phases, key=lambda p: p.started + p.discovered + p.compiled)
+    slowest = max(phases, key=lambda p: p.started + p.waited + p.compiled)
     top = ", ".join(f"{_short(name)} {seconds:.1f} s" for seconds, name in sorted(compiles, reverse=True)[:3])
-    return (f"slowest worker: started {slowest.started:.1f} s, runner and discovery {slowest.discovered:.1f} s, "
-            f"compiles {slowest.compiled:.1f} s; all compiles {sum(s for s, _ in compiles):.1f} s, slowest: {top}")
+    return (f"slowest worker: started {slowest.started:.1f} s, waited for the misses {slowest.waited:.1f} s, "
+            f"compiled {slowest.compiled:.1f} s; all compiles {sum(s for s, _ in compiles):.1f} s, slowest: {top}")
 
 
 def claim(counter_path: str) -> int:
@@ -244,29 +195,35 @@ def claim(counter_path: str) -> int:
     return index
 
 
-def worker(spec_path: str, index: int, out_path: str, spawned: float) -> int:
-    """Worker `index`: build the spec's runner, discover the same misses, compile those it claims, write the payloads
-    (each with its compile seconds) after its WorkerPhases; `spawned` is the parent's time.time() at its start."""
-    entered = time.time()
-    from tinyvllm.model.loader import LoadedModel
-    from tinyvllm.runner.model_runner import ModelRunner
-    spec: WorkerSpec = pickle.loads(Path(spec_path).read_bytes())
-    model = LoadedModel(None, spec.model_config, None, None, empty_weights(spec.weights), spec.inv_freq)
-    max_model_len = spec.config.max_model_len_for(spec.model_config.max_position_embeddings)
-    runner = ModelRunner.for_engine(model, spec.config, max_model_len, log=lambda message: None)
-    misses = discover_graph_kernels(runner)
-    discovered = time.time()
+def worker(folder: str, index: int, spawned: float, timeout_s: float = WORKER_TIMEOUT_S) -> int:
+    """Worker `index`: a CUDA context, then (once the parent wrote them) the misses it claims compiled; the payloads
+    (each with its compile seconds) go to worker-INDEX.pickle after its WorkerPhases. `spawned`: the parent's
+    time.time() at its start."""
+    from kernels_numba.common import cuda
+    cuda.current_context()
+    ready = time.time()
+    misses_path, deadline = Path(folder, "misses.pickle"), ready + timeout_s
+    while not misses_path.exists():
+        if time.time() > deadline:
+            return 1
+        time.sleep(POLL_S)
+    received = time.time()
+    count, jobs = pickle.loads(misses_path.read_bytes())
     results = []
-    while (i := claim(spec.counter)) < len(misses):
+    while (i := claim(str(Path(folder, "next-miss")))) < count:
+        if i not in jobs:
+            continue
         begun = time.time()
-        results.append((i, identity(misses[i]), compile_payload(misses[i]), time.time() - begun))
-    phases = WorkerPhases(entered - spawned, discovered - entered, time.time() - discovered)
-    partial = Path(out_path + ".partial")
+        miss = Miss(*pickle.loads(jobs[i]))
+        results.append((i, identity(miss), compile_payload(miss), time.time() - begun))
+    phases = WorkerPhases(ready - spawned, received - ready, time.time() - received)
+    out = Path(folder, f"worker-{index}.pickle")
+    partial = Path(str(out) + ".partial")
     partial.write_bytes(pickle.dumps((phases, results), protocol=pickle.HIGHEST_PROTOCOL))
-    os.replace(partial, out_path)
+    os.replace(partial, out)
     return 0
 
 
-if __name__ == "__main__":  # (through the module, not __main__: the spec's classes must be the module's)
+if __name__ == "__main__":  # (through the module, not __main__: pickles name the module's classes)
     from tinyvllm.runner.compile_workers import worker as module_worker
-    sys.exit(module_worker(sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])))
+    sys.exit(module_worker(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
