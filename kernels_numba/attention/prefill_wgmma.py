@@ -140,6 +140,7 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
         scores = cuda.local.array(score_count, np.float32)  # this thread's part of S, then of P
         acc = cuda.local.array(out_count, np.float32)       # its part of the output rows
         words = cuda.local.array(word_count, np.uint32)  # P as bf16 pairs: the A fragments of P V
+        q_chunk = cuda.local.array(CHUNK, np.float32)
         tile = cuda.gridDim.x - 1 - cuda.blockIdx.x  # heaviest first (the module docstring)
         kv_head = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -166,15 +167,21 @@ def paged_attention_prefill_wgmma_kernel(head_dim: int, group: int, block_size: 
                 copy_tile(k_flat, v_flat, table, row_len, s * keys_per_tile, key_len, smem, q_rows + s * stage_rows,
                           copy_row, copy_dest, copy_dest_chunk, source_col)
             cp_async_commit()  # (empty past key_len: every tile's group keeps its place in the count)
-        for i in range(tid, rows * head_dim, threads):
-            r = i // head_dim
-            d = i % head_dim
+        for i in range(tid, rows * chunks, threads):  # Q's rows by 16-byte chunks: 8 loads in flight at once
+            r = i // chunks
+            d0 = (i % chunks) * CHUNK
             t = tile_tokens[tile, r // group] if r < used_rows else -1
-            value = np.float32(0.0)
             if t >= 0:
-                value = q[t, kv_head * group + r % group, d] * scale
-            c = d % SLICE
-            smem[(d // SLICE) * rows + r, (c // CHUNK) ^ (r % 8), c % CHUNK] = f32_to_bf16(value)
+                head = kv_head * group + r % group
+                for e in range(CHUNK):
+                    q_chunk[e] = q[t, head, d0 + e] * scale
+            else:
+                for e in range(CHUNK):
+                    q_chunk[e] = np.float32(0.0)
+            q_row = (d0 // SLICE) * rows + r
+            q_col = ((d0 % SLICE) // CHUNK) ^ (r % 8)
+            for e in range(CHUNK):
+                smem[q_row, q_col, e] = f32_to_bf16(q_chunk[e])
         row_a = 16 * warp + g  # this thread's two rows
         row_b = row_a + 8
         pos_a = tile_positions[tile, row_a // group] if row_a < used_rows else np.int32(-1)  # -1: a padding row,
