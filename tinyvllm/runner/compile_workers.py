@@ -3,11 +3,11 @@ before the graphs are captured, instead of one at a time as each bucket's record
 
     compile_graph_kernels(config, runner, log=print)   # then runner.capture_graphs() finds them compiled
 
-1. Discover (kernels_numba.compile_ahead): every bucket's recording pass runs with launches that launch nothing,
-   listing each (kernel, argument types) neither compiled nor in the disk cache. A warm cache lists none: done.
-   The largest bucket goes first: when it misses anything (an empty cache), the workers start at once and the
-   rest of the discovery overlaps their start (the interpreter, numba, a CUDA context); otherwise they start after
-   it, if anything missed.
+1. Discover (kernels_numba.compile_ahead): a bucket's recording pass runs with launches that launch nothing,
+   listing each (kernel, argument types) neither compiled nor in the disk cache. The largest prefill and decode
+   buckets go first. When they miss nothing (a warm cache) that is all: whatever a smaller bucket might still miss
+   compiles at its capture, one at a time. Otherwise the workers start at once and every bucket's discovery here
+   overlaps their start (the interpreter, numba, a CUDA context).
 2. The misses go to a file, pickled (a numba dispatcher pickles as its Python function, closure included, and
    its options; numba types pickle too). N workers (`python -m tinyvllm.runner.compile_workers FOLDER I SPAWNED`,
    N at most the CPU cores, what the GPU's free memory holds of CUDA contexts and, when known first, the misses)
@@ -51,17 +51,14 @@ def _recording_only():
 
 
 def discover_graph_kernels(runner, largest_only: bool = False) -> list[Miss]:
-    """The kernels every CUDA-graph bucket of the runner launches (`largest_only`: the largest prefill bucket's, else
-    decode's) that are neither compiled nor in the disk cache, in the order capture_graphs would first launch them
+    """The kernels every CUDA-graph bucket of the runner launches (`largest_only`: the largest decode and prefill
+    buckets') that are neither compiled nor in the disk cache, in the order capture_graphs would first launch them
     (no step is kept)."""
     with discovering() as misses, _recording_only():
-        for graphs in (runner.prefill_graphs, runner.decode_graphs) if largest_only else (runner.decode_graphs,
-                                                                                         runner.prefill_graphs):
+        for graphs in (runner.decode_graphs, runner.prefill_graphs):
             if graphs is not None:
                 for bucket in sorted(graphs.buckets, reverse=True)[:1 if largest_only else None]:
                     graphs._make(bucket)
-                if largest_only:
-                    break
     return misses
 
 
@@ -82,15 +79,13 @@ def compile_graph_kernels(config, runner, log=None, workers: int | None = None) 
         return 0
     log = log or (lambda message: None)
     start = time.perf_counter()
-    early = bool(discover_graph_kernels(runner, largest_only=True))  # an empty cache: start the workers now
+    if not discover_graph_kernels(runner, largest_only=True):  # a warm cache
+        return 0
     with tempfile.TemporaryDirectory(prefix="tinyvllm-compile-") as folder:
-        pool = _WorkerPool(folder, worker_count(MAX_WORKERS, workers)) if early else None
+        pool = _WorkerPool(folder, worker_count(MAX_WORKERS, workers))  # starting while the discovery runs
         misses = discover_graph_kernels(runner)
-        if pool is None and misses:
-            pool = _WorkerPool(folder, worker_count(len(misses), workers))
-        if pool is None or pool.count < 2 or not misses:
-            if pool is not None:
-                pool.stop()
+        if pool.count < 2:
+            pool.stop()
             return 0
         sent = pool.send(misses)
         log(f"compiling {sent} kernels in {pool.count} processes (a first start; the next one loads them; "
