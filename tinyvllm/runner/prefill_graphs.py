@@ -140,8 +140,9 @@ class CapturedPrefill(CapturedStep):
 
     def run(self, batch: ForwardBatch) -> tuple:
         """Run the step for `batch`: device arrays of the logits of its logits rows and of their argmax (valid until
-        the next run of this bucket; None: not computed, with more than LOGITS_GRAPH_ROWS rows, where the LM head runs
-        eagerly into a fresh array), or (None, None) when no row wants logits."""
+        the next step with prefill chunks: every bucket's logits graphs share their buffers; None: not computed, with
+        more than LOGITS_GRAPH_ROWS rows, where the LM head runs eagerly into a fresh array), or (None, None) when no
+        row wants logits."""
         pack_int32(self._inputs(batch), out=self._host)
         self._device.copy_to_device(self._host)
         self._replay()
