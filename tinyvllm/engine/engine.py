@@ -148,7 +148,7 @@ class LLMEngine:
         workers = self.config.compile_workers
         if workers is None or workers > 1:
             from tinyvllm.runner.compile_workers import compile_graph_kernels
-            compile_graph_kernels(self.config, self.runner, log, workers)
+            compile_graph_kernels(self.runner, log, workers)
         self.runner.capture_graphs(log)
 
     @property

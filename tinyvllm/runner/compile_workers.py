@@ -1,7 +1,7 @@
 """A first start that compiles in parallel: the kernels the CUDA-graph steps need, compiled in worker processes
 before the graphs are captured, instead of one at a time as each bucket's recording pass first launches them.
 
-    compile_graph_kernels(config, runner, log=print)   # then runner.capture_graphs() finds them compiled
+    compile_graph_kernels(runner, log=print)   # then runner.capture_graphs() finds them compiled
 
 1. Discover (kernels_numba.compile_ahead): a bucket's recording pass runs with launches that launch nothing,
    listing each (kernel, argument types) neither compiled nor in the disk cache. The largest prefill and decode
@@ -10,8 +10,7 @@ before the graphs are captured, instead of one at a time as each bucket's record
    overlaps their start (the interpreter, numba, a CUDA context).
 2. The misses go to a file, pickled (a numba dispatcher pickles as its Python function, closure included, and
    its options; numba types pickle too). N workers (`python -m tinyvllm.runner.compile_workers FOLDER I SPAWNED`,
-   N at most the CPU cores, what the GPU's free memory holds of CUDA contexts and, when known first, the misses)
-   read it and claim misses one at a time from a shared counter (a locked file) until none is left, so a worker
+   N at most the CPU cores and what the GPU's free memory holds of CUDA contexts) read it and claim misses one at a time from a shared counter (a locked file) until none is left, so a worker
    done early takes more. A worker needs no model and no runner; its payloads come back in a file.
 3. Install each payload whose identity matches (loaded here, saved to the disk cache for the next start).
 A miss that does not pickle, and whatever a failed or late worker did not deliver, compiles at its first launch as
@@ -62,16 +61,16 @@ def discover_graph_kernels(runner, largest_only: bool = False) -> list[Miss]:
     return misses
 
 
-def worker_count(misses: int, requested: int | None = None) -> int:
-    """How many workers: `requested` (or the CPU cores, at most MAX_WORKERS), no more than `misses`, nor than
-    half the GPU's free memory holds at WORKER_BYTES each."""
+def worker_count(requested: int | None = None) -> int:
+    """How many workers: `requested` (or the CPU cores), at most MAX_WORKERS and what half the GPU's free memory
+    holds at WORKER_BYTES each."""
     from kernels_numba.common import cuda
-    cores = requested if requested is not None else min(MAX_WORKERS, os.cpu_count() or 1)
+    cores = min(MAX_WORKERS, requested if requested is not None else os.cpu_count() or 1)
     free, _ = cuda.current_context().get_memory_info()
-    return max(0, min(cores, misses, int(free * 0.5 // WORKER_BYTES)))
+    return max(0, min(cores, int(free * 0.5 // WORKER_BYTES)))
 
 
-def compile_graph_kernels(config, runner, log=None, workers: int | None = None) -> int:
+def compile_graph_kernels(runner, log=None, workers: int | None = None) -> int:
     """Compile what the runner's CUDA-graph buckets will launch, in parallel worker processes, and install it here.
     Returns how many kernels were installed (0: nothing to compile, or too little to be worth processes)."""
     from kernels_numba.common import SIMULATOR
@@ -82,7 +81,7 @@ def compile_graph_kernels(config, runner, log=None, workers: int | None = None) 
     if not discover_graph_kernels(runner, largest_only=True):  # a warm cache
         return 0
     with tempfile.TemporaryDirectory(prefix="tinyvllm-compile-") as folder:
-        pool = _WorkerPool(folder, worker_count(MAX_WORKERS, workers))  # starting while the discovery runs
+        pool = _WorkerPool(folder, worker_count(workers))  # starting while the discovery runs
         misses = discover_graph_kernels(runner)
         if pool.count < 2:
             pool.stop()

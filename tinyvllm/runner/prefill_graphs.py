@@ -153,10 +153,8 @@ class CapturedPrefill(CapturedStep):
             step = self._logits_step(count)
             step._replay()
             return step.logits, step.greedy_ids
-        every_row = batch.samples_every_token
-        x = self.output[:batch.num_tokens]
-        rows = None if every_row else cuda.to_device(np.asarray(batch.logits_rows, np.int32))
-        return self.forward.logits(x, rows), None
+        rows = None if batch.samples_every_token else cuda.to_device(np.asarray(batch.logits_rows, np.int32))
+        return self.forward.logits(self.output[:batch.num_tokens], rows), None
 
 
 class PrefillGraphs(BucketGraphs):
