@@ -1,5 +1,6 @@
-"""Where a prefill step's wall time went beyond its graph, in the bench's engine configuration (round 14, run at
-2e32d62: it wraps that version's CapturedPrefill.run, which ran the LM head eagerly; each piece synchronized).
+"""Where a prefill step's wall time went beyond its graph, in the bench's engine configuration. It wraps
+CapturedPrefill.run as it was at 2e32d62, where the LM head ran eagerly after the replay, and synchronizes and times
+each piece.
 
     python docs/bench/scripts/round14_ttft_breakdown.py   # after scripts/write_random_1b.py /tmp/llama-1b-random
 """
