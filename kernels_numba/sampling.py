@@ -3,8 +3,12 @@ top-k, top-p, seeded). Only the chosen ids ever cross to the host.
 
 Greedy, matching torch.argmax:
     out[b] = min { i : logits[b, i] = max_j logits[b, j] }     (a NaN counts as the maximum: first NaN wins)
-Launch layout: one block per row; each thread scans a strided share of the row keeping its best
-(value, index), then a shared-memory tree reduction (power-of-two block) merges the pairs.
+Launch layout: two kernels. `argmax_parts_kernel`, a block per (row, part of ARGMAX_THREADS x ARGMAX_PER_THREAD logits):
+each thread loads its ARGMAX_PER_THREAD logits at once and keeps its best (value, index), a shared-memory tree
+reduction (power-of-two block) merges the block's pairs into the part's; `argmax_merge_kernel`, a block per row,
+merges the parts' pairs the same way. `beats` is a strict total order on (value, index) pairs, so any merge
+order picks the same winner: the split changes the speed (a row spread over many SMs, every load of a thread in
+flight together), never the answer.
 
 Sampling, by the Gumbel-max trick (argmax of s_i + Gumbel noise is a draw from softmax(s) over `keep`):
     s = logits / T;   out = argmax_{i in keep} s_i + g_i,   g_i = -log(-log(u_i)),  u_i = U(hash(seed, step, i))
@@ -12,7 +16,7 @@ Sampling, by the Gumbel-max trick (argmax of s_i + Gumbel noise is a draw from s
 A row with T = 0 returns exactly argmax's answer; so does a row whose scaled max is not finite (NaN or
 +inf logits, all -inf, or a T so small that logits / T overflows): sampling's limit as T -> 0.
 Launch layout: one block per row, each thread owning a strided share of the row:
-1. Row max: argmax's scan and tree reduction. Greedy rows stop here. m = max / T (dividing by a positive
+1. Row max: argmax's winner, by one block's scan and tree reduction. Greedy rows stop here. m = max / T (dividing by a positive
    number keeps the order, so this is the max of s).
 2. top-k (only if 0 < k < V): the k-th largest s, by bisection on `order_key`, an order-preserving uint32
    of the float32 bit pattern: the largest key K with #{key(s_i) >= K} >= k, at most 32 rounds, each a
@@ -33,6 +37,7 @@ arithmetic runs in the kernel, in the simulator and in the numpy twin (on whole 
 seed and step give the same token everywhere. The logs and exps run in float64 and are rounded to float32,
 so the GPU's libdevice and the host's libm agree in all but astronomically rare cases.
 """
+import functools
 import math
 
 import numpy as np
@@ -44,11 +49,12 @@ NO_INDEX = np.int32(2**31 - 1)  # loses every tie, so a thread that saw no eleme
 # A simulated syncthreads waits for every thread of the block to be scheduled (~2.5 ms per thread per
 # barrier), so the simulator gets tiny blocks: 4 threads still run the tree reduction, 15x faster than 32.
 DEFAULT_THREADS = 4 if SIMULATOR else 256
-# argmax runs a block per row: at batch 1 that is one block on one SM for the whole 128256-logit row, and
-# its loop waits on each load in turn, so it gets the widest block (126 logits a thread instead of 501)
-# while the rows alone fill fewer than 2 blocks per SM of a 132-SM GPU.
-ARGMAX_WIDE_THREADS = 4 if SIMULATOR else MAX_THREADS
-ARGMAX_WIDE_BELOW_ROWS = 2 * 132
+# argmax's first kernel: a block of ARGMAX_THREADS per part of a row, each thread ARGMAX_PER_THREAD logits loaded
+# together (one memory round trip), so a 128256-logit row is 63 blocks over as many SMs, not one block's long
+# chain of dependent loads. The merge kernel's block covers a row's parts in one pass at that size.
+ARGMAX_THREADS = 4 if SIMULATOR else 256
+ARGMAX_PER_THREAD = 4 if SIMULATOR else 8
+ARGMAX_MERGE_THREADS = 4 if SIMULATOR else 64
 
 
 @jit(device=True)
@@ -61,26 +67,15 @@ def beats(value, index, best_value, best_index):
     return value > best_value or (value == best_value and index < best_index)
 
 
-@jit
-def argmax_kernel(logits, out):
-    row = cuda.blockIdx.x
+@jit(device=True)
+def _block_best(best_value, best_index, best_values, best_indices):
+    """The block's best (value, index) of every thread's pair, by a shared-memory tree (power-of-two block);
+    thread 0 gets it."""
     tid = cuda.threadIdx.x
-    n_threads = cuda.blockDim.x
-    best_values = cuda.shared.array(MAX_THREADS, np.float32)
-    best_indices = cuda.shared.array(MAX_THREADS, np.int32)
-
-    best_value = np.float32(-math.inf)
-    best_index = NO_INDEX
-    for col in range(tid, logits.shape[1], n_threads):
-        v = logits[row, col]
-        if beats(v, col, best_value, best_index):
-            best_value = v
-            best_index = col
     best_values[tid] = best_value
     best_indices[tid] = best_index
     cuda.syncthreads()
-
-    stride = n_threads // 2
+    stride = cuda.blockDim.x // 2
     while stride > 0:
         if tid < stride:
             other = tid + stride
@@ -89,22 +84,74 @@ def argmax_kernel(logits, out):
                 best_indices[tid] = best_indices[other]
         cuda.syncthreads()
         stride //= 2
+    return best_values[0], best_indices[0]
 
+
+@functools.cache
+def argmax_parts_kernel(per_thread: int):
+    @jit
+    def kernel(logits, part_values, part_indices):
+        """Block (row, part): the best pair of logits[row, part * per_thread * blockDim : ...]."""
+        row = cuda.blockIdx.x
+        part = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        n_threads = cuda.blockDim.x
+        best_values = cuda.shared.array(MAX_THREADS, np.float32)
+        best_indices = cuda.shared.array(MAX_THREADS, np.int32)
+        vocab = logits.shape[1]
+        first = part * per_thread * n_threads + tid
+        values = cuda.local.array(per_thread, np.float32)
+        for k in range(per_thread):  # every load first: one round trip to memory, not per_thread
+            values[k] = logits[row, min(first + k * n_threads, vocab - 1)]
+        best_value = np.float32(-math.inf)
+        best_index = NO_INDEX
+        for k in range(per_thread):
+            col = first + k * n_threads
+            if col < vocab and beats(values[k], col, best_value, best_index):
+                best_value = values[k]
+                best_index = col
+        value, index = _block_best(best_value, best_index, best_values, best_indices)
+        if tid == 0:
+            part_values[row, part] = value
+            part_indices[row, part] = index
+    return kernel
+
+
+@jit
+def argmax_merge_kernel(part_values, part_indices, out):
+    """Block per row: the best of the row's parts' pairs; its index is the row's argmax."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    best_values = cuda.shared.array(MAX_THREADS, np.float32)
+    best_indices = cuda.shared.array(MAX_THREADS, np.int32)
+    best_value = np.float32(-math.inf)
+    best_index = NO_INDEX
+    for part in range(tid, part_values.shape[1], cuda.blockDim.x):
+        if beats(part_values[row, part], part_indices[row, part], best_value, best_index):
+            best_value = part_values[row, part]
+            best_index = part_indices[row, part]
+    _, index = _block_best(best_value, best_index, best_values, best_indices)
     if tid == 0:
-        out[row] = best_indices[0]
+        out[row] = index
 
 
-def argmax(logits, out=None, threads=None):
-    """logits float32 [B, V] -> int32 [B] (device arrays)."""
+def argmax(logits, out=None, threads=None, per_thread=None):
+    """logits float32 [B, V] -> int32 [B] (device arrays). `threads`: the parts kernel's block (a power of two),
+    `per_thread` the logits each of its threads loads (a part is threads * per_thread logits)."""
     n_rows, vocab = logits.shape
-    if threads is None:
-        threads = ARGMAX_WIDE_THREADS if n_rows < ARGMAX_WIDE_BELOW_ROWS else DEFAULT_THREADS
+    threads = ARGMAX_THREADS if threads is None else threads
+    per_thread = ARGMAX_PER_THREAD if per_thread is None else per_thread
     assert 0 < threads <= MAX_THREADS and threads & (threads - 1) == 0, f"threads={threads}: need a power of two"
     assert vocab > 0, "argmax of an empty row"
     out = device_empty((n_rows,), np.int32) if out is None else out
     assert out.shape == (n_rows,), (out.shape, n_rows)
     if n_rows:
-        argmax_kernel[n_rows, threads, launch_stream()](logits, out)
+        parts = -(-vocab // (threads * per_thread))
+        part_values = device_empty((n_rows, parts), np.float32)
+        part_indices = device_empty((n_rows, parts), np.int32)
+        stream = launch_stream()
+        argmax_parts_kernel(per_thread)[(n_rows, parts), threads, stream](logits, part_values, part_indices)
+        argmax_merge_kernel[n_rows, ARGMAX_MERGE_THREADS, stream](part_values, part_indices, out)
     return out
 
 
@@ -177,7 +224,7 @@ def sample_kernel(logits, temperatures, top_ks, top_ps, seeds, steps, out):
     best_indices = cuda.shared.array(MAX_THREADS, np.int32)
     partials = cuda.shared.array((2, 2, MAX_THREADS), np.uint64)  # [buffer, quantity, thread]
 
-    # 1. row max, exactly as argmax_kernel
+    # 1. row max: argmax's winner (beats' order), the row scanned by this one block
     best_value = np.float32(-math.inf)
     best_index = NO_INDEX
     for col in range(tid, vocab, n_threads):
@@ -185,18 +232,7 @@ def sample_kernel(logits, temperatures, top_ks, top_ps, seeds, steps, out):
         if beats(v, col, best_value, best_index):
             best_value = v
             best_index = col
-    best_values[tid] = best_value
-    best_indices[tid] = best_index
-    cuda.syncthreads()
-    stride = n_threads // 2
-    while stride > 0:
-        if tid < stride:
-            other = tid + stride
-            if beats(best_values[other], best_indices[other], best_values[tid], best_indices[tid]):
-                best_values[tid] = best_values[other]
-                best_indices[tid] = best_indices[other]
-        cuda.syncthreads()
-        stride //= 2
+    _block_best(best_value, best_index, best_values, best_indices)
 
     temperature = temperatures[row]
     scaled_max = np.float32(math.inf)

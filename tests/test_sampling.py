@@ -36,8 +36,9 @@ def _expected_fixed(vocab):
     return {0: 17, 1: 0, 2: 0, 3: vocab - 1, 4: 40, 5: 0, 6: 3, 7: vocab - 2}
 
 
-# 1024 threads is argmax's batch-1 launch shape on a GPU (~8 s in the simulator on the 2-core CI machine); its
-# rows are longer than three blocks, so the maxima at the end sit with threads 1021 and 1022 of the tree.
+# Blocks of 1, 64 or 1024 threads (the widest: ~8 s in the simulator on the 2-core CI machine), so a row spans one
+# part or dozens (ties and NaNs in different parts); with 1024 the maxima at the end of a row longer than three
+# blocks sit with threads 1021 and 1022 of the tree.
 @pytest.mark.parametrize("threads, vocab", [(None, VOCAB), (1, VOCAB), (64, VOCAB), (1024, 3 * 1024 - 1)])
 def test_argmax_ties_nan_and_inf(rng, threads, vocab):
     logits = _tricky_rows(rng, vocab)
