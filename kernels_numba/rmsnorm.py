@@ -27,7 +27,10 @@ MAX_THREADS = 1024
 # A simulated syncthreads waits for every thread of the block to be scheduled (~2.5 ms per thread per
 # barrier) and each simulated block costs ~5 ms to set up, so the simulator gets tiny blocks (4 threads
 # still run the tree reduction) and few of them.
-DEFAULT_THREADS = 1 if SIMULATOR else 128
+# On a GPU 256 threads a row: a block walks its row in 2 trips of 4 loads a thread (hidden 2048) and beats 128 and
+# 512 at 64-256 rows (scripts/sweep_row_kernels.py; measured: docs/bench-h200.md). The same block at every batch
+# size, so a row's bits do not depend on its batch (batch invariance).
+DEFAULT_THREADS = 1 if SIMULATOR else 256
 SIMULATOR_BLOCKS = 2
 
 
