@@ -201,6 +201,13 @@ def _host_namespace(module_globals: dict) -> dict:
     return _HOST_NAMESPACES[key]
 
 
+def device_function_with_cuda(fn):
+    """A device function that calls cuda.* (barriers, fences, atomics, thread indices). `jit` keeps device functions
+    plain Python in the simulator (pure arithmetic only), where cuda.* resolves only inside the kernel's own module;
+    this makes it the simulator's own device function there, which runs it with the simulator's cuda module."""
+    return cuda.jit(device=True)(fn) if SIMULATOR else jit(device=True)(fn)
+
+
 if SIMULATOR:
     @cuda.jit(device=True)  # the simulator's own device function (not this module's jit): it may call cuda.*
     def warp_barrier():

@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from .common import SIMULATOR, cuda, host_version, jit, launch_stream, device_empty
+from .common import SIMULATOR, cuda, device_function_with_cuda, host_version, jit, launch_stream, device_empty
 
 MAX_THREADS = 1024
 NO_INDEX = np.int32(2**31 - 1)  # loses every tie, so a thread that saw no element never wins
@@ -67,7 +67,7 @@ def beats(value, index, best_value, best_index):
     return value > best_value or (value == best_value and index < best_index)
 
 
-@jit(device=True)
+@device_function_with_cuda
 def _block_best(best_value, best_index, best_values, best_indices):
     """The block's best (value, index) of every thread's pair, by a shared-memory tree (power-of-two block);
     thread 0 gets it."""

@@ -18,11 +18,8 @@ key partitions, for small ones). The math and the pool layout: paged_kv.
   partitions), partitions of FLASH_DECODE_PARTITION_KEYS covering the longest context the block tables address
   (a CUDA graph's are padded to the model's); a block whose partition starts past its query's context exits at
   once. The others run decode_gqa's chunk loop over their partition's keys and write its unnormalised state
-  per query head: m, l and acc[head_dim]. One launch: each block then fences its writes and counts itself in,
-  an atomic add on its (query, KV head)'s counter; the block that brings the count to the number of partitions
-  with keys merges them all, in partition order (the same result whichever block finishes last),
-      out = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p,  M = max_p m_p  (as a running merge),
-  and sets the counter back to 0 for the next launch (a graph replays it; device_zeros zeroes it once).
+  per query head: m, l and acc[head_dim]; the last block of a (query, KV head) to finish merges them, in the same
+  launch (partitions.py).
 """
 import functools
 import math
@@ -34,6 +31,7 @@ from ..common import (SIMULATOR, SHARED_ALIGN, SHARED_ROW_PAD, cuda, jit, cdiv, 
 from ..bf16 import bf16_to_f32
 from ..kv_dtype import kv_to_f32
 from .paged_kv import _ix, _check_pool, _check_queries, _output, _pool_rows
+from .partitions import last_to_arrive, merged_output
 
 GQA_DECODE_THREADS = 4 if SIMULATOR else 128
 # The runner's switch from flash_decode (key partitions) to decode_gqa (T x n_kv_heads blocks): from 64 (query, KV
@@ -165,7 +163,6 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
         chunk_max = cuda.local.array(group, np.float32)
         acc = cuda.local.array((out_steps, heads_per_item), np.float32)
         sums = cuda.local.array((out_steps, heads_per_item), np.float32)  # l of the thread's (head, dim) items
-        merged_max = cuda.local.array((out_steps, heads_per_item), np.float32)  # flash_decode's merge
         dot = cuda.local.array(heads_per_item, np.float32)
         k_loaded = cuda.local.array(load_steps, load_type)
         v_loaded = cuda.local.array(load_steps, load_type)
@@ -266,40 +263,20 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
                                 part_max[t, first_head + g, partition] = running_max[g]
                                 part_sum[t, first_head + g, partition] = sums[s, g % heads_per_item]
             # ... then the block checks in; the last of the (query, KV head)'s partitions with keys to arrive
-            # merges them all. Each thread's fence publishes its writes GPU-wide before thread 0 counts the block.
-            cuda.threadfence()
-            cuda.syncthreads()
+            # merges them all (partitions.py).
             partitions = (context_len + partition_keys - 1) // partition_keys
-            if tid == 0:
-                merging[0] = cuda.atomic.add(arrivals, (t, kv_head), 1) == partitions - 1
-                cuda.threadfence()  # the other blocks' writes, published before they checked in, are seen
-            cuda.syncthreads()
-            if not merging[0]:
+            if not last_to_arrive(arrivals, t, kv_head, partitions, merging):
                 return  # another block of this (query, KV head) arrives later and merges
-            if tid == 0:
-                arrivals[t, kv_head] = 0  # every partition has arrived: ready for the next launch (graph replays)
-            # acc and sums become the merged state of the thread's (head, dim) items; running max in merged_max.
-            # Partitions in order, so the result is the same whichever block merges.
             for s in range(out_steps):
-                for i in range(heads_per_item):
-                    merged_max[s, i] = np.float32(-math.inf)
-                    acc[s, i] = np.float32(0.0)
-                    sums[s, i] = np.float32(0.0)
-            for p in range(partitions):
-                for s in range(out_steps):
-                    item = tid + s * threads
-                    head_set = item // head_dim
-                    if head_set < head_sets:
-                        for i in range(heads_per_item):
-                            h = first_head + head_set * heads_per_item + i
-                            m = part_max[t, h, p]
-                            new_max = max(merged_max[s, i], m)  # finite: every partition merged has keys
-                            old_weight = np.float32(math.exp(merged_max[s, i] - new_max))  # 0 for partition 0
-                            weight = np.float32(math.exp(m - new_max))
-                            sums[s, i] = sums[s, i] * old_weight + part_sum[t, h, p] * weight
-                            acc[s, i] = acc[s, i] * old_weight + part_acc[t, h, p, item % head_dim] * weight
-                            merged_max[s, i] = new_max
-        # out = acc / l for the thread's (head, dim) items (merged over the partitions by flash_decode's merger)
+                item = tid + s * threads
+                head_set = item // head_dim
+                if head_set < head_sets:
+                    for i in range(heads_per_item):
+                        h = first_head + head_set * heads_per_item + i
+                        out[t, h, item % head_dim] = merged_output(part_max, part_sum, part_acc, t, h,
+                                                                   item % head_dim, partitions)
+            return
+        # out = acc / l for the thread's (head, dim) items
         for s in range(out_steps):
             item = tid + s * threads
             head_set = item // head_dim
