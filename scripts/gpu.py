@@ -237,16 +237,22 @@ TOOLS = {
                        "batch size", needs_model=True),
     "ttft": Tool("profile_ttft.py", "~1 min: where a 1,024 / 4,096-token prompt's time to first token goes",
                  ["--tokens", "1024,4096", "--repeats", "3"], True),
+    "trace-decode": Tool("trace_decode.py", "~1 min: every kernel of a decode step at batch 1 / 256 on the GPU's "
+                         "clock, busy vs idle", ["--batches", "1,256"], True),
     "sweep-gemv": Tool("sweep_gemv.py", "~2 min: gemv_coalesced launch variants, GB/s per decode projection",
                        ["--shapes", "qkv,o_proj,gate_up,down"]),
     "sweep-tc-gemm": Tool("sweep_tc_gemm.py", "~2-5 min: gemm_tc tiles and split-K, TFLOP/s per prefill projection",
                           ["--tokens", "1024,4096", "--shapes", "qkv,o_proj,gate_up,down"]),
     "sweep-decode-attention": Tool("sweep_decode_attention.py", "~1.5 min: decode attention kernels and their "
                                    "launch shapes, KV GB/s", ["--cases", "1x256,1x2048,8x512,32x512,64x512,256x1024"]),
+    "sweep-row-kernels": Tool("sweep_row_kernels.py", "~30 s: add_rmsnorm's block size and argmax's logits a "
+                              "thread, per batch of rows"),
     "crossover-linear": Tool("crossover_linear.py", "~2 min: the token count where gemm_blocked overtakes "
                              "gemv_coalesced"),
     "decode-warps": Tool("time_decode_warps.py", "~1 min: decode_warps vs decode_gqa on a bf16 pool",
                          ["--warps", "2,4"]),
+    "flash-decode": Tool("time_flash_decode.py", "~1 min: flash_decode vs flash_decode_warps per partition size, "
+                         "batch 1 and 4"),
     "kv-dtype-decode": Tool("time_kv_dtype_decode.py", "~2 min: decode attention on a float32 vs a bf16 KV pool"),
     "mlp-fast": Tool("time_mlp_fast.py", "~1 min: the fast path's MLP launches one by one"),
     "prefill-attention": Tool("time_prefill_attention.py", "~1 min: prefill_tc vs prefill_gqa at 1,024 / 4,096 "

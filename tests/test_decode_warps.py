@@ -1,12 +1,15 @@
-"""paged_attention_decode_warps (kernels_numba/attention/decode_warps.py) against paged_attention_ref, in the simulator:
-2 warps of 32 lanes a block there (WARPS), 32-key chunks, as on the GPU but for the warp count."""
+"""paged_attention_decode_warps and paged_attention_flash_decode_warps (kernels_numba/attention/decode_warps.py)
+against paged_attention_ref, in the simulator: 2 warps of 32 lanes a block there (WARPS), 32-key chunks, as on the
+GPU but for the warp count; flash_decode_warps' partitions of 64 keys there (FLASH_PARTITION_KEYS)."""
 import numpy as np
 import pytest
 
-from kernels_numba.common import cdiv, cuda
+from kernels_numba.common import BufferArena, cdiv, cuda, host_version, launching_into
 from kernels_numba.attention import paged_attention_ref
 from kernels_numba.attention import decode_warps
-from kernels_numba.attention.decode_warps import CHUNK_KEYS, WARPS, paged_attention_decode_warps
+from kernels_numba.attention.decode_warps import (CHUNK_KEYS, WARPS, paged_attention_decode_warps,
+                                                  paged_attention_flash_decode_warps)
+from kernels_numba.attention.partitions import merged_output
 from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
 from tests.helpers import poisoned
 
@@ -23,9 +26,11 @@ SECOND_QUERY = (5, 40)  # (sequence, context)
 
 
 def _launch(rng, n_heads, n_kv_heads, head_dim, kv_dtype, block_size=16, contexts=CONTEXTS, q_gain=1.0,
-            score_offset=0.0):
+            score_offset=0.0, launcher=paged_attention_decode_warps, table_padding=1):
     """One launch over shuffled block tables, queries in shuffled order; returns (got, want, tolerance, scores).
-    Every slot past a sequence's last key, and every block no table reaches, holds a huge key and a NaN value."""
+    Every slot past a sequence's last key, and every block no table reaches, holds a huge key and a NaN value.
+    The tables are table_padding -1 blocks wider than the longest context needs (a CUDA graph's are padded to the
+    model's length: flash_decode_warps launches a block per partition of that width)."""
     scale = np.float32(head_dim ** -0.5)
     seqs, lengths = list(range(len(contexts))), list(contexts)
     if len(contexts) > SECOND_QUERY[0]:
@@ -35,7 +40,7 @@ def _launch(rng, n_heads, n_kv_heads, head_dim, kv_dtype, block_size=16, context
     blocks_per_seq = [cdiv(n, block_size) for n in contexts]
     num_blocks = sum(blocks_per_seq) + SPARE_BLOCKS
     free = list(rng.permutation(num_blocks))
-    tables = np.full((len(contexts), max(blocks_per_seq) + 1), -1, np.int32)
+    tables = np.full((len(contexts), max(blocks_per_seq) + table_padding), -1, np.int32)
     shape = (num_blocks, block_size, n_kv_heads, head_dim)
     k_pool, v_pool = np.full(shape, HUGE_KEY, np.float32), np.full(shape, np.nan, np.float32)
     for s, n in enumerate(contexts):
@@ -53,9 +58,8 @@ def _launch(rng, n_heads, n_kv_heads, head_dim, kv_dtype, block_size=16, context
     query_pos = np.array(lengths, np.int32)[order] - 1
     k_stored, v_stored = kv_encode_ref(k_pool, kv_dtype), kv_encode_ref(v_pool, kv_dtype)
     out = poisoned(q.shape, np.float32)
-    got = paged_attention_decode_warps(cuda.to_device(q), cuda.to_device(k_stored), cuda.to_device(v_stored),
-                                       cuda.to_device(tables), cuda.to_device(query_seq), cuda.to_device(query_pos),
-                                       scale, out=out)
+    got = launcher(cuda.to_device(q), cuda.to_device(k_stored), cuda.to_device(v_stored), cuda.to_device(tables),
+                   cuda.to_device(query_seq), cuda.to_device(query_pos), scale, out=out)
     assert got is out
     k_values, v_values = kv_decode_ref(k_stored), kv_decode_ref(v_stored)  # a bf16 pool's rounded K/V
     want = paged_attention_ref(q, k_stored, v_stored, tables, query_seq, query_pos, scale)
@@ -141,3 +145,66 @@ def test_decode_warps_no_queries():
     none = cuda.to_device(np.zeros(0, np.int32))
     out = paged_attention_decode_warps(q, pool, pool, cuda.to_device(np.zeros((1, 2), np.int32)), none, none, 1.0)
     assert out.shape == (0, 4, 16)
+
+
+# flash_decode_warps: the contexts above (1 to 130 keys) in 64-key partitions: one partition (finished by its own
+# block), two, three with a partial last one; 2-round partitions (128 keys) and partitions of one chunk (32 keys:
+# warp 1 never has a key) by the partition size; tables padded to 24 partitions, whose blocks past a context leave.
+@pytest.mark.parametrize("n_heads, n_kv_heads, head_dim, kv_dtype, block_size", LAYOUTS[:3] + LAYOUTS[4:5])
+def test_flash_decode_warps_matches_ref(rng, n_heads, n_kv_heads, head_dim, kv_dtype, block_size):
+    _check(*_launch(rng, n_heads, n_kv_heads, head_dim, kv_dtype, block_size,
+                    launcher=paged_attention_flash_decode_warps)[:3])
+
+
+@pytest.mark.parametrize("partition_keys", [CHUNK_KEYS, 2 * WARPS * CHUNK_KEYS])
+def test_flash_decode_warps_any_partition_size(rng, monkeypatch, partition_keys):
+    monkeypatch.setattr(decode_warps, "FLASH_PARTITION_KEYS", partition_keys)
+    _check(*_launch(rng, 8, 2, 64, np.uint16, contexts=(1, 33, 65, 100, 130, 200),
+                    launcher=paged_attention_flash_decode_warps)[:3])
+
+
+def test_flash_decode_warps_tables_padded_and_stable(rng):
+    # Scores over +-1000s, each partition's max far from the others': the merge's rescales underflow to 0.
+    got, want, tol, scores = _launch(rng, 4, 1, 16, np.uint16, contexts=(CHUNK_KEYS + 1, 130), q_gain=300.0,
+                                     launcher=paged_attention_flash_decode_warps, table_padding=90)
+    _check(got, want, tol)
+    assert max(np.abs(s).max() for s in scores) > 2 * LOG_F32_MAX, "scores too small to prove anything"
+
+
+def test_flash_decode_warps_replays_on_the_same_buffers(rng):
+    # A decode graph replays the launch with the same states and counters: each (query, KV head)'s counter must be
+    # back at 0 after every launch, or the next launch would never merge (out stays poisoned).
+    arena = BufferArena()
+
+    def replayed(*args, out):
+        if arena.buffers:  # the first launch records them
+            arena.rewind()
+        with launching_into(0, arena):
+            return paged_attention_flash_decode_warps(*args, out=out)
+
+    for _ in range(3):
+        _check(*_launch(rng, 8, 2, 64, np.uint16, contexts=(130, 65, 20), launcher=replayed)[:3])
+        counters = [b for b in arena.buffers if b.dtype == np.int32]
+        assert len(counters) == 1 and (counters[0].copy_to_host() == 0).all(), "a counter was not reset"
+
+
+def test_merged_partitions_are_one_softmax_over_every_key(rng):
+    # partitions.merged_output (on the host: the kernels' arithmetic) over the states of uneven partitions (1 to 17
+    # keys, maxima far apart) against softmax over all 40 keys at once, in float64.
+    scores = rng.standard_normal(40) * 30.0
+    values = rng.standard_normal((40, 3))
+    bounds = [0, 1, 18, 25, 40]
+    partitions = len(bounds) - 1
+    part_max = np.zeros((1, 1, partitions), np.float32)
+    part_sum = np.zeros((1, 1, partitions), np.float32)
+    part_acc = np.zeros((1, 1, partitions, 3), np.float32)
+    for p, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        m = scores[a:b].max()
+        weights = np.exp(scores[a:b] - m)
+        part_max[0, 0, p], part_sum[0, 0, p], part_acc[0, 0, p] = m, weights.sum(), weights @ values[a:b]
+    weights = np.exp(scores - scores.max())
+    want = weights @ values / weights.sum()
+    merge = host_version(merged_output)
+    got = np.array([merge(part_max, part_sum, part_acc, 0, 0, d, partitions) for d in range(3)])
+    # float32 states and a running merge of 4 partitions: a few ulps of max |v| (values are O(1))
+    np.testing.assert_allclose(got, want, rtol=0, atol=20 * np.finfo(np.float32).eps * np.abs(values).max())

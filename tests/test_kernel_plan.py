@@ -58,12 +58,12 @@ def test_projections_and_the_layer_kind(precision, simulator, rows, projection, 
     ("fp32", GPU, 4096, False, "prefill_gqa.paged_attention_prefill_gqa"),
     ("fast", GPU, 1, True, "prefill_tc.paged_attention_prefill_tc"),
     ("fast", GPU, 4096, False, "prefill_tc.paged_attention_prefill_tc"),
-    ("fp32", GPU_DEPENDENT, 1, True, "decode_gqa.paged_attention_flash_decode"),   # under 64 (query, KV head) pairs
-    ("fp32", GPU_DEPENDENT, 7, True, "decode_gqa.paged_attention_flash_decode"),
+    ("fp32", GPU_DEPENDENT, 1, True, "decode_warps.paged_attention_flash_decode_warps"),  # under 64 (query, KV head)
+    ("fp32", GPU_DEPENDENT, 7, True, "decode_warps.paged_attention_flash_decode_warps"),
     ("fp32", GPU_DEPENDENT, 8, True, "decode_gqa.paged_attention_decode_gqa"),
     ("fp32", GPU_DEPENDENT, 63, True, "decode_gqa.paged_attention_decode_gqa"),
     ("fp32", GPU_DEPENDENT, 64, True, "decode_warps.paged_attention_decode_warps"),  # from 512 pairs
-    ("fast", GPU_DEPENDENT, 1, True, "decode_gqa.paged_attention_flash_decode"),   # decode: both precisions alike
+    ("fast", GPU_DEPENDENT, 1, True, "decode_warps.paged_attention_flash_decode_warps"),  # both precisions alike
     ("fast", GPU_DEPENDENT, 64, True, "decode_warps.paged_attention_decode_warps"),
     ("fp32", GPU_DEPENDENT, 4096, False, "prefill_gqa.paged_attention_prefill_gqa"),
     ("fast", GPU_DEPENDENT, 4096, False, "prefill_tc.paged_attention_prefill_tc"),

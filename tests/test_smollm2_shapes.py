@@ -9,6 +9,7 @@ width runs through the engine against HF transformers stage by stage.
 import numpy as np
 import pytest
 
+from kernels_numba.attention import paged_attention_flash_decode_warps
 import tests.test_matmul as matmul_tests
 import tests.test_paged_attention as attention_tests
 import tests.test_rmsnorm as rmsnorm_tests
@@ -45,6 +46,7 @@ def test_norms_and_rope(rng):
 
 @pytest.mark.parametrize("scenario, kernel", [("decode", "per_query"), ("decode", "tiled"),
                                               ("decode", "decode_gqa"), ("decode", "flash_decode"),
+                                              ("decode", paged_attention_flash_decode_warps),
                                               ("chunked", "tiled"), ("chunked", "gqa")])
 def test_attention(rng, scenario, kernel):
     attention_tests._check(rng, scenario, 16, HEADS, KV_HEADS, HEAD_DIM, kernel=kernel)

@@ -5,14 +5,14 @@
 
 Which step runs which (the choice: tinyvllm/runner/kernel_plan.py, `KernelPlan.attention`):
 
-| step                                  | GPU                                         | simulator  |
-|---------------------------------------|---------------------------------------------|------------|
-| decode, < DECODE_GQA_MIN_BLOCKS pairs | decode_gqa.paged_attention_flash_decode     | per_query  |
-| decode, from DECODE_GQA_MIN_BLOCKS    | decode_gqa.paged_attention_decode_gqa       | per_query  |
-| decode, from DECODE_WARPS_MIN_BLOCKS  | decode_warps.paged_attention_decode_warps   | per_query  |
-| with prefill chunks, fp32 precision   | prefill_gqa.paged_attention_prefill_gqa     | per_query  |
-| with prefill chunks, fast precision   | prefill_tc.paged_attention_prefill_tc       | prefill_tc |
-| the same on Hopper, bf16 pool         | prefill_wgmma.paged_attention_prefill_wgmma | prefill_tc |
+| step                                  | GPU                                             | simulator  |
+|---------------------------------------|-------------------------------------------------|------------|
+| decode, < DECODE_GQA_MIN_BLOCKS pairs | decode_warps.paged_attention_flash_decode_warps | per_query  |
+| decode, from DECODE_GQA_MIN_BLOCKS    | decode_gqa.paged_attention_decode_gqa           | per_query  |
+| decode, from DECODE_WARPS_MIN_BLOCKS  | decode_warps.paged_attention_decode_warps       | per_query  |
+| with prefill chunks, fp32 precision   | prefill_gqa.paged_attention_prefill_gqa         | per_query  |
+| with prefill chunks, fast precision   | prefill_tc.paged_attention_prefill_tc           | prefill_tc |
+| the same on Hopper, bf16 pool         | prefill_wgmma.paged_attention_prefill_wgmma     | prefill_tc |
 
 (pairs: the step's (query, KV head) pairs; on Llama-3.2-1B the two thresholds are decode batches 8 and 64.)
 
@@ -21,9 +21,10 @@ The files:
   shared checks, and paged_attention_ref, the numpy twin of every launcher.
 - per_query: a thread per (query, head), the readable kernel; the simulator's for every fp32 step.
 - decode_gqa: a block per (query, KV head), each K/V chunk read once for the group's query heads;
-  flash_decode adds a block per key partition, merged in the same launch.
+  flash_decode adds a block per key partition, merged in the same launch (no step runs it: flash_decode_warps does).
 - decode_warps: decode_gqa's blocks, each warp its own online softmax over its own 32-key chunks, merged once
-  per block.
+  per block; flash_decode_warps adds a block per key partition.
+- partitions: flash-decoding's merge of key partitions' softmax states, by the last of their blocks to finish.
 - prefill: the query tiles every prefill kernel takes (build_prefill_tiles; prefill_tiles_host and
   max_prefill_tiles pad them to a fixed count for prefill CUDA graphs), and paged_attention_prefill, the readable
   tiled kernel whose contract prefill_gqa and prefill_tc keep (no step launches it).
@@ -54,7 +55,7 @@ override them there (kernels_numba.attention.decode_gqa.GQA_DECODE_KEY_CHUNK), n
 from .paged_kv import MAX_HEAD_DIM, write_kv_paged, write_kv_paged_ref, paged_attention_ref
 from .per_query import attend_to_key, paged_attention_per_query, paged_attention_decode, paged_attention_decode_ref
 from .decode_gqa import DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa, paged_attention_flash_decode
-from .decode_warps import DECODE_WARPS_MIN_BLOCKS, paged_attention_decode_warps
+from .decode_warps import DECODE_WARPS_MIN_BLOCKS, paged_attention_decode_warps, paged_attention_flash_decode_warps
 from .prefill import (QTILE, PrefillTiles, build_prefill_tiles, max_prefill_tiles, paged_attention_prefill,
                       prefill_tiles_host)
 from .prefill_gqa import (GQA_SHARED_BYTES, build_prefill_gqa_tiles, gqa_shape, paged_attention_prefill_gqa)

@@ -43,9 +43,11 @@ import math
 
 import numpy as np
 
-from ..common import SIMULATOR, SHARED_ALIGN, STATIC_SHARED_LIMIT, cuda, jit, cdiv, launch_stream, warp_barrier
+from ..common import (SIMULATOR, SHARED_ALIGN, STATIC_SHARED_LIMIT, cuda, jit, cdiv, device_empty, device_zeros,
+                      launch_stream, warp_barrier)
 from .decode_gqa import _BF16_WORDS, _load_rows, _unpack_bf16, _unpack_element
 from .paged_kv import _ix, _check_pool, _check_queries, _output
+from .partitions import last_to_arrive, merged_output
 
 # Warps per block. Each keeps up to 16 + 16 uint64 loads a lane in flight (bf16, head_dim 64); 4 warps: 128 threads,
 # as decode_gqa (8 would need 61 KB of shared memory at group 4); 4 warps run about twice decode_gqa's speed from
@@ -58,6 +60,12 @@ WARPS = 2 if SIMULATOR else 4
 DECODE_WARPS_MIN_BLOCKS = 512
 LANES = 32           # threads per warp (cuda.warpsize, in the simulator too)
 CHUNK_KEYS = LANES   # one key per lane when scoring
+# flash_decode_warps' key partitions: a block of WARPS warps per (query, KV head, FLASH_PARTITION_KEYS keys), each
+# warp FLASH_PARTITION_KEYS / (32 WARPS) rounds of 32-key chunks. 128 keys (one round of 4 warps) beat 256 and 512
+# from 128 to 1,024 keys at batch 1 and 4; 256 wins at 4,096 (scripts/time_flash_decode.py; measured:
+# docs/bench-h200.md). The simulator: 64 keys, one round of its 2 warps, so its tests' contexts of up to 130 keys
+# cross 3 partitions.
+FLASH_PARTITION_KEYS = 64 if SIMULATOR else 128
 # A register cap per thread (0: the compiler's choice; sm_90, bf16 pool, head_dim 64, group 4: 128 registers, 4
 # blocks of 4 warps per SM; a cap of 96 spills ~300 bytes). scripts/time_decode_warps.py --max-registers tries some.
 MAX_REGISTERS = 0
@@ -77,10 +85,14 @@ def kv_per_load(pool_dtype, head_dim: int) -> int:
 
 @functools.cache
 def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: int, warps: int,
-                                        pool_dtype=np.float32, per_load: int = 1, max_registers: int = 0):
+                                        pool_dtype=np.float32, per_load: int = 1, max_registers: int = 0,
+                                        partition_keys: int = 0):
     """The kernel for one shape (compile-time constants size the shared arrays and unroll the loops): a block of
     `warps` warps per (query, KV head), the pools as rows of words of per_load elements (_load_rows);
-    max_registers > 0 caps its registers per thread (GPU only)."""
+    max_registers > 0 caps its registers per thread (GPU only). partition_keys > 0 makes it flash_decode_warps'
+    kernel: block z takes keys [z * partition_keys, (z + 1) * partition_keys) of its query's context, and where the
+    context has more than one partition, writes its state for the last block to merge (partitions.py); otherwise
+    the state_* and `arrivals` arguments are unused."""
     bf16 = np.dtype(pool_dtype) == np.uint16
     assert per_load == 1 or bf16, "float32 pools load one element at a time"
     assert head_dim % per_load == 0, (head_dim, per_load)
@@ -98,6 +110,8 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
     partials = warps * key_sets                       # (warp, key set) states merged at the end
     tile_stride = row_words + 1                       # lane j reads row j: rows start in different banks
     threads = warps * LANES
+    partitioned = partition_keys > 0
+    assert partition_keys % CHUNK_KEYS == 0, (partition_keys, CHUNK_KEYS)
     shared_bytes = (4 * group * head_dim + np.dtype(load_type).itemsize * warps * CHUNK_KEYS * tile_stride
                     + 4 * 2 * warps * CHUNK_KEYS * group + 4 * (warps + partials) * group
                     + 4 * partials * group * head_dim)
@@ -120,7 +134,8 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
                         loaded[i, u] = rows[row, _ix(column) + _ix(word) + _ix(u * LANES)]
 
     @jit(**({"max_registers": max_registers} if max_registers else {}))
-    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out):
+    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out, state_max, state_sum, state_acc,
+               arrivals):
         t = cuda.blockIdx.x
         kv_head = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -132,7 +147,14 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
         column = kv_head * row_words  # this KV head's first word of a pool row
         b = query_seq[t]
         context_len = query_pos[t] + 1  # causal: keys 0..position
-        last = context_len - 1
+        keys_begin = 0
+        keys_end = context_len
+        if partitioned:
+            keys_begin = cuda.blockIdx.z * partition_keys
+            if keys_begin >= context_len:
+                return  # the grid covers the longest context the block tables address; this one is shorter
+            keys_end = min(context_len, keys_begin + partition_keys)
+        last = keys_end - 1
         # one shared array per line: the simulator aliases two declared on the same line
         q_scaled = cuda.shared.array((group, head_dim), np.float32, alignment=SHARED_ALIGN)
         k_tile = cuda.shared.array((warps, CHUNK_KEYS, tile_stride), load_type)
@@ -141,6 +163,7 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
         part_max = cuda.shared.array((warps, group), np.float32)
         part_sum = cuda.shared.array((partials, group), np.float32)
         part_acc = cuda.shared.array((partials, group, head_dim), np.float32)
+        merging = cuda.shared.array(1, np.int32)  # partitioned: whether this block merges the partitions
         k_loaded = cuda.local.array((keys_per_set, words_per_lane), load_type)
         v_loaded = cuda.local.array((keys_per_set, words_per_lane), load_type)
         running_max = cuda.local.array(group, np.float32)  # m per head: the same in every lane of the warp
@@ -156,14 +179,14 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
             running_sum[g] = np.float32(0.0)
             for d in range(dims_per_lane):
                 acc[g, d] = np.float32(0.0)
-        chunks = (context_len + CHUNK_KEYS - 1) // CHUNK_KEYS
+        chunks = (keys_end - keys_begin + CHUNK_KEYS - 1) // CHUNK_KEYS
         rounds = (chunks + warps - 1) // warps  # the same in every warp of the block
-        load_words(k_rows, block_tables, b, column, warp * CHUNK_KEYS, last, lane, k_loaded)
-        load_words(v_rows, block_tables, b, column, warp * CHUNK_KEYS, last, lane, v_loaded)
+        load_words(k_rows, block_tables, b, column, keys_begin + warp * CHUNK_KEYS, last, lane, k_loaded)
+        load_words(v_rows, block_tables, b, column, keys_begin + warp * CHUNK_KEYS, last, lane, v_loaded)
         cuda.syncthreads()  # q_scaled
 
         for r in range(rounds):
-            chunk_start = (warp + r * warps) * CHUNK_KEYS
+            chunk_start = keys_begin + (warp + r * warps) * CHUNK_KEYS
             # 1. this chunk's K words into the warp's tile, as loaded; then the next round's K loads
             if lane < active_lanes:
                 for i in range(keys_per_set):
@@ -184,7 +207,7 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
                     k_value = unpack(k_word, part)
                     for g in range(group):
                         dot[g] += q_scaled[g, _ix(w) * _ix(per_load) + _ix(part)] * k_value
-            masked = chunk_start + lane >= context_len
+            masked = chunk_start + lane >= keys_end
             for g in range(group):
                 scores[warp, lane, g] = np.float32(-math.inf) if masked else dot[g]
             warp_barrier()
@@ -222,7 +245,8 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
             if r + 1 < rounds:
                 load_words(v_rows, block_tables, b, column, chunk_start + warps * CHUNK_KEYS, last, lane, v_loaded)
 
-        # Each (warp, key set)'s state into shared memory, then a thread per (head, dim) merges them all.
+        # Each (warp, key set)'s state into shared memory, then a thread per (head, dim) merges them all: into out,
+        # or, where the context has more partitions than this one, into this partition's state (partitions.py).
         partial = warp * key_sets + key_set
         if lane < active_lanes:
             for u in range(words_per_lane):
@@ -237,6 +261,7 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
             for g in range(group):
                 part_max[warp, g] = running_max[g]
         cuda.syncthreads()
+        partitions = (context_len + partition_keys - 1) // partition_keys if partitioned else 1
         for item in range(tid, group * head_dim, threads):
             g = item // head_dim
             d = item % head_dim
@@ -250,7 +275,18 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
                 for s in range(key_sets):
                     numerator += warp_weight * part_acc[w * key_sets + s, g, d]
                     denominator += warp_weight * part_sum[w * key_sets + s, g]
-            out[t, first_head + g, d] = numerator / denominator
+            if partitions == 1:
+                out[t, first_head + g, d] = numerator / denominator
+            else:
+                state_acc[t, first_head + g, cuda.blockIdx.z, d] = numerator
+                if d == 0:
+                    state_max[t, first_head + g, cuda.blockIdx.z] = merged_max
+                    state_sum[t, first_head + g, cuda.blockIdx.z] = denominator
+        if partitions > 1 and last_to_arrive(arrivals, t, kv_head, partitions, merging):
+            for item in range(tid, group * head_dim, threads):
+                h = first_head + item // head_dim
+                out[t, h, item % head_dim] = merged_output(state_max, state_sum, state_acc, t, h, item % head_dim,
+                                                           partitions)
 
     return kernel
 
@@ -267,6 +303,35 @@ def paged_attention_decode_warps(q, k_pool, v_pool, block_tables, query_seq, que
         per_load = kv_per_load(k_pool.dtype, head_dim)
         kernel = paged_attention_decode_warps_kernel(head_dim, block_size, n_heads // n_kv_heads, WARPS,
                                                      k_pool.dtype.type, per_load, MAX_REGISTERS)
+        unused_acc = out.reshape((num_queries, n_heads, 1, head_dim))  # any arrays of the right ranks and types
         kernel[(num_queries, n_kv_heads), WARPS * LANES, launch_stream()](
-            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos, np.float32(scale), out)
+            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos, np.float32(scale), out,
+            out, out, unused_acc, block_tables)
+    return out
+
+
+def paged_attention_flash_decode_warps(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
+    """Same contract as paged_attention_decode_warps, split over key partitions of FLASH_PARTITION_KEYS (flash-
+    decoding): grid (T, n_kv_heads, partitions of the longest context the block tables address), blocks past their
+    query's context leave at once; a context of one partition is finished by its block alone, longer ones merged
+    by the last of their blocks, in the same launch (partitions.py). The decode kernel for small GPU batches, whose
+    T x n_kv_heads blocks alone would leave most of the GPU idle."""
+    num_queries, n_heads, _ = q.shape
+    _check_pool(q, k_pool, v_pool, block_tables)
+    _check_queries(num_queries, query_seq, query_pos)
+    out = _output(q, out)
+    if num_queries > 0:
+        _, block_size, n_kv_heads, head_dim = k_pool.shape
+        partitions = cdiv(block_tables.shape[1] * block_size, FLASH_PARTITION_KEYS)  # static per CUDA graph
+        state_max = device_empty((num_queries, n_heads, partitions), np.float32)
+        state_sum = device_empty((num_queries, n_heads, partitions), np.float32)
+        state_acc = device_empty((num_queries, n_heads, partitions, head_dim), np.float32)
+        arrivals = device_zeros((num_queries, n_kv_heads), np.int32)  # blocks done per (query, KV head)
+        per_load = kv_per_load(k_pool.dtype, head_dim)
+        kernel = paged_attention_decode_warps_kernel(head_dim, block_size, n_heads // n_kv_heads, WARPS,
+                                                     k_pool.dtype.type, per_load, MAX_REGISTERS,
+                                                     FLASH_PARTITION_KEYS)
+        kernel[(num_queries, n_kv_heads, partitions), WARPS * LANES, launch_stream()](
+            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos, np.float32(scale), out,
+            state_max, state_sum, state_acc, arrivals)
     return out

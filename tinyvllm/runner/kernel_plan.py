@@ -30,7 +30,7 @@ only these choices differ (the batch-dependent plans', --no-batch-invariant; the
 | attention, steps with prefill chunks         | prefill_gqa                      | prefill_tc; on Hopper over a   |
 |                                              |                                  | bf16 pool prefill_wgmma (same  |
 |                                              |                                  | tiles and bits)                |
-| attention, decode-only steps                 | decode_warps (batch >= 64), decode_gqa, flash_decode: both       |
+| attention, decode-only steps                 | decode_warps (batch >= 64), decode_gqa, flash_decode_warps: both |
 
 In the simulator (KernelPlan.simulator; a simulated lane is a Python thread and every syncthreads costs
 milliseconds a block): the CUDA-core projections are all gemv (prefill in chunks of matmul.MAX_GEMV_TOKENS), so
@@ -86,7 +86,7 @@ from kernels_numba import matmul as _matmul
 from kernels_numba.activation import silu_mul_gate_up
 from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, DECODE_WARPS_MIN_BLOCKS, build_prefill_tiles, gqa_shape,
                                      paged_attention_decode_gqa, paged_attention_decode_warps,
-                                     paged_attention_flash_decode, paged_attention_per_query,
+                                     paged_attention_flash_decode_warps, paged_attention_per_query,
                                      paged_attention_prefill_gqa)
 from kernels_numba.attention import prefill_tc as _prefill_tc
 from kernels_numba.attention.prefill_tc import paged_attention_prefill_tc, tc_queries_per_tile
@@ -348,8 +348,8 @@ class KernelPlan:
         owns a query tile for all query heads of one KV head and walks key tiles through shared memory (prefill_gqa),
         its query tiles built once for all layers (DeviceBatch.prefill_tiles). Decode-only steps: a block per (query, KV head) pair serves the group's
         query heads from one shared copy of each K/V chunk (decode_gqa); the smallest ones (under
-        DECODE_GQA_MIN_BLOCKS pairs: batches up to 7 on Llama-3.2-1B) also a block per key partition
-        (flash_decode), so that a batch-1 step keeps more than 8 blocks busy; the largest (from
+        DECODE_GQA_MIN_BLOCKS pairs: batches up to 7 on Llama-3.2-1B) decode_warps' blocks split further, a block per
+        key partition (flash_decode_warps), so that a batch-1 step keeps more than 8 blocks busy; the largest (from
         DECODE_WARPS_MIN_BLOCKS pairs: batch 64) decode_warps, whose warps each keep their own softmax over their
         own keys (no block-wide barrier per chunk). In the simulator, where syncthreads are slow, one thread per
         (query, head) serves every step the tensor cores do not (per_query); where invariant the fast plan's
@@ -376,4 +376,4 @@ class KernelPlan:
             return kernel("decode_warps.paged_attention_decode_warps", paged_attention_decode_warps)
         if pairs >= DECODE_GQA_MIN_BLOCKS:
             return kernel("decode_gqa.paged_attention_decode_gqa", paged_attention_decode_gqa)
-        return kernel("decode_gqa.paged_attention_flash_decode", paged_attention_flash_decode)
+        return kernel("decode_warps.paged_attention_flash_decode_warps", paged_attention_flash_decode_warps)
