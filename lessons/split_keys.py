@@ -1,8 +1,9 @@
 """Lesson: paged decode attention with a block per (query, head) splitting the keys, and for small batches a block
 per key partition too, merged by a second launch (flash-decoding). Production: kernels_numba/attention/decode_gqa.py
-(`paged_attention_flash_decode` and `paged_attention_decode_gqa`), which do the same online softmax with a block
-per (query, KV head): each K/V row is read once for the whole group of query heads instead of once per query head,
-and flash_decode merges its partitions in the same launch. The math and the pool layout: paged_kv.
+and decode_warps.py (`paged_attention_decode_gqa`, `paged_attention_flash_decode_warps`), which do the same online
+softmax with a block per (query, KV head): each K/V row is read once for the whole group of query heads instead of
+once per query head, and flash_decode_warps merges its partitions in the same launch (partitions.py). The math and
+the pool layout: paged_kv.
 
 - `paged_attention_split_keys`: the same varlen contract as per_query, but one BLOCK per (query, head)
   (grid (T, n_heads), SPLIT_THREADS threads) instead of one thread, walking the context SPLIT_KEY_CHUNK keys

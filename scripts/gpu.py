@@ -251,7 +251,7 @@ TOOLS = {
                              "gemv_coalesced"),
     "decode-warps": Tool("time_decode_warps.py", "~1 min: decode_warps vs decode_gqa on a bf16 pool",
                          ["--warps", "2,4"]),
-    "flash-decode": Tool("time_flash_decode.py", "~1 min: flash_decode vs flash_decode_warps per partition size, "
+    "flash-decode": Tool("time_flash_decode.py", "~1 min: flash_decode_warps per partition size beside decode_gqa, "
                          "batch 1 and 4"),
     "kv-dtype-decode": Tool("time_kv_dtype_decode.py", "~2 min: decode attention on a float32 vs a bf16 KV pool"),
     "mlp-fast": Tool("time_mlp_fast.py", "~1 min: the fast path's MLP launches one by one"),

@@ -5,7 +5,7 @@ Writes a model directory of seeded random BF16 weights (tinyvllm.model.fixtures.
 then drives tinyvllm's stepping forward pass over the same prompts and compares, three ways: the prompts
 prefilled in one step, each prompt prefilled alone, and each prompt's first decode step (one token at
 position len(prompt), against HF's stages over the prompt and its first greedy token): the step that batch-1
-generation runs, with the decode kernels (flash_decode attention, the one-token fused GEMVs).
+generation runs, with the decode kernels (flash_decode_warps attention, the one-token fused GEMVs).
 
     python scripts/gpu_compare.py [--model-dir /tmp/llama-1b-random] [--new-tokens 32] [--out DIR] [--dtype f32]
 

@@ -1,10 +1,10 @@
 """Decode attention variants on the H200: split_keys (with and without key partitions), decode_gqa (key
-chunk x threads per block) and flash_decode (partition keys x key chunk x threads), KV GB/s.
+chunk x threads per block) and flash_decode_warps (partition keys), KV GB/s.
 
     python scripts/sweep_decode_attention.py [--cases 1x512,64x512,256x1024] [--max-context 4112]
 Each case is BATCHxCONTEXT on Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head_dim 64,
 blocks of 16, shuffled block tables, -1 padded to --max-context keys as a decode graph's are: split_keys' and
-flash_decode's partitions cover that width; default: the case's context); time per launch by CUDA events
+flash_decode_warps' partitions cover that width; default: the case's context); time per launch by CUDA events
 around `repeats` launches captured in one CUDA graph (as a decode step runs them: eager launches from Python
 cost more than a small batch's attention), each on another copy of the KV pools when one pool would fit in the
 50 MB L2; and the KV bytes each kernel must read at least once (batch x context x K and V rows of 8 x 64
@@ -25,7 +25,7 @@ N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
 def replayed(launch, out) -> np.ndarray:
     """out after launch(0) ran again on the buffers it recorded (a BufferArena, as a decode graph replays it),
     out poisoned before each run: a kernel that leaves an output unwritten, or a counter it does not reset
-    (flash_decode), shows as NaN or as a diff."""
+    (flash_decode_warps), shows as NaN or as a diff."""
     from kernels_numba.common import BufferArena, launching_into
     arena = BufferArena()
     with launching_into(0, arena):
@@ -46,6 +46,7 @@ def main():
     from numba import cuda
     import lessons.split_keys as sk
     import kernels_numba.attention.decode_gqa as gqa
+    import kernels_numba.attention.decode_warps as warps
     from sweep_gemv import time_in_graph  # scripts/ is on the path when a script runs
     rng = np.random.default_rng(0)
     default_partition_below = sk.SPLIT_PARTITION_BELOW_BLOCKS  # before a variant overrides it
@@ -70,8 +71,7 @@ def main():
         reference = None
         variants = [("split_keys", None, None), ("split_keys", None, "no partitions")] + [
             ("decode_gqa", chunk, threads) for chunk, threads in ((16, 128), (32, 128), (64, 128), (32, 256), (64, 256))
-        ] + [("flash_decode", (partition, chunk), threads) for partition, chunk, threads in (
-            (32, 32, 128), (64, 16, 128), (64, 32, 128), (64, 64, 128), (64, 64, 256), (128, 32, 128), (128, 64, 128))]
+        ] + [("flash_decode_warps", partition, None) for partition in (128, 256, 512)]
         for name, chunk, option in variants:
             if name == "split_keys":
                 sk.SPLIT_PARTITION_BELOW_BLOCKS = 0 if option else default_partition_below
@@ -83,10 +83,9 @@ def main():
                 launch = lambda i: gqa.paged_attention_decode_gqa(q, *pools[i % copies], tables, seqs, positions, 0.125,
                                                                  out)
             else:
-                gqa.FLASH_DECODE_PARTITION_KEYS, gqa.FLASH_DECODE_KEY_CHUNK = chunk
-                gqa.FLASH_DECODE_THREADS = option
-                launch = lambda i: gqa.paged_attention_flash_decode(q, *pools[i % copies], tables, seqs, positions,
-                                                                   0.125, out)
+                warps.FLASH_PARTITION_KEYS = chunk
+                launch = lambda i: warps.paged_attention_flash_decode_warps(q, *pools[i % copies], tables, seqs,
+                                                                            positions, 0.125, out)
             result = replayed(launch, out)
             seconds = time_in_graph(launch, args.repeats)
             reference = result if reference is None else reference
@@ -96,7 +95,7 @@ def main():
             elif name == "decode_gqa":
                 label = f"{name} chunk {chunk:2d} threads {option}"
             else:
-                label = f"{name} partition {chunk[0]:3d} chunk {chunk[1]:2d} threads {option}"
+                label = f"{name} partition {chunk:3d}"
             print(f"batch {batch:3d} context {context:5d}  {label:<48} {seconds * 1e6:9.1f} us "
                   f"{kv_bytes / seconds / 1e9:7.1f} GB/s  (max diff vs split_keys {err:.1e})", flush=True)
 

@@ -1,5 +1,5 @@
-"""flash_decode vs flash_decode_warps on a bf16 KV pool, on a GPU: decode attention at the small batches of
-batch-1 generation, where the keys are split into partitions, a block each.
+"""flash_decode_warps per partition size on a bf16 KV pool, on a GPU, beside decode_gqa (a block per (query, KV
+head), its keys not split): decode attention at the small batches of batch-1 generation.
 
     python scripts/time_flash_decode.py [--cases 1x128,1x384,1x1024,1x4096,4x512] [--table-keys 4352]
                                         [--partition-keys 128,256,512] [--repeats 50] [--no-timing]
@@ -10,7 +10,7 @@ Each case is BATCHxCONTEXT on Llama-3.2-1B's attention shape (32 query heads, 8 
 are --table-keys wide, as a CUDA graph's are padded to the model's length (the grid has a block per partition of
 that width; those past a context leave at once).
 
-Correctness first: each launcher's max |diff| against paged_attention_ref (numpy, float64, on the same rounded
+Correctness first: each variant's max |diff| against paged_attention_ref (numpy, float64, on the same rounded
 K/V), out poisoned with NaN before each; PASS needs <= 1e-5 (float32 math on the same values, another summation
 order). Then, unless --no-timing, time per launch by CUDA events around `repeats` launches captured in one CUDA
 graph (sweep_gemv.time_in_graph), on copies of the pools past the 50 MB L2; flash_decode_warps once per
@@ -39,7 +39,7 @@ def main() -> int:
     args = parser.parse_args()
     from kernels_numba.common import cdiv, cuda
     import kernels_numba.attention.decode_warps as decode_warps_module
-    from kernels_numba.attention import paged_attention_flash_decode, paged_attention_ref
+    from kernels_numba.attention import paged_attention_decode_gqa, paged_attention_ref
     from kernels_numba.attention.decode_warps import paged_attention_flash_decode_warps
     from kernels_numba.kv_dtype import kv_encode_ref
     partition_keys = [int(v) for v in args.partition_keys.split(",")]
@@ -64,7 +64,7 @@ def main() -> int:
         seqs, positions = cuda.to_device(seqs_host), cuda.to_device(positions_host)
         out = cuda.device_array((batch, N_HEADS, HEAD_DIM), np.float32)
         want = paged_attention_ref(q_host, k_host, v_host, tables_host, seqs_host, positions_host, scale)
-        variants = [("flash_decode", paged_attention_flash_decode, None)] + [
+        variants = [("decode_gqa", paged_attention_decode_gqa, None)] + [
             (f"flash_decode_warps {keys}", paged_attention_flash_decode_warps, keys) for keys in partition_keys]
         kv_bytes = batch * context * N_KV_HEADS * HEAD_DIM * 2 * 2  # K and V rows read, bf16
         copies = max(1, min(args.repeats, -(-256 * 2**20 // (k_host.nbytes + v_host.nbytes))))
@@ -88,7 +88,7 @@ def main() -> int:
         print(f"batch {batch} x {context} keys (tables {table_blocks * BLOCK_SIZE} keys)\n    " + "\n    ".join(cells),
               flush=True)
     passed = worst <= TOLERANCE
-    print(f"{'PASS' if passed else 'FAIL'}: every launcher = the reference within {TOLERANCE:.0e} (worst {worst:.1e})")
+    print(f"{'PASS' if passed else 'FAIL'}: every variant = the reference within {TOLERANCE:.0e} (worst {worst:.1e})")
     return 0 if passed else 1
 
 

@@ -1,13 +1,13 @@
 """Decode attention on a float32 vs a bf16 KV pool on a GPU: what halving the bytes decode attention reads is worth.
 
-    python scripts/time_kv_dtype_decode.py [--cases 1x1024,64x1024,256x1024] [--repeats 20]
+    python scripts/time_kv_dtype_decode.py [--cases 8x1024,64x1024,256x1024] [--repeats 20]
 
 Each case is BATCHxCONTEXT on Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head_dim 64, blocks of
-16, shuffled block tables), with the launcher the model runner picks for that batch (flash_decode below
-DECODE_GQA_MIN_BLOCKS (query, KV head) pairs, decode_gqa from there). Time per launch by CUDA events around
-`repeats` launches captured in one CUDA graph (sweep_gemv.time_in_graph, as sweep_decode_attention.py times them),
-each on another copy of the pools while one pool would fit in the 50 MB L2; GB/s = the KV bytes the kernel must read
-(batch x context x K and V rows of 8 x 64 elements, 4 or 2 bytes each) per second. The bf16 pool is timed with each
+16, shuffled block tables), through decode_gqa (the kernel whose loads KV_BF16_PER_LOAD sizes). Time per launch
+by CUDA events around `repeats` launches captured in one CUDA graph (sweep_gemv.time_in_graph, as
+sweep_decode_attention.py times them), each on another copy of the pools while one pool would fit in the 50 MB L2;
+GB/s = the KV bytes the kernel must read (batch x context x K and V rows of 8 x 64 elements, 4 or 2 bytes each) per
+second. The bf16 pool is timed with each
 word size decode_gqa can load it in (KV_BF16_PER_LOAD: 1, 2 or 4 bf16 per load; the default marked *).
 
 Correctness, before timing: the bf16 pool holds the float32 pool's values rounded (kv_encode_ref); the same kernel on
@@ -28,7 +28,7 @@ N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", default="1x1024,64x1024,256x1024")
+    parser.add_argument("--cases", default="8x1024,64x1024,256x1024")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--key-chunks", default="", help="also time the bf16 pool with decode_gqa's "
                         "GQA_DECODE_KEY_CHUNK set to each of these (comma-separated; default: only its own value)")
@@ -36,8 +36,7 @@ def main():
     args = parser.parse_args()
     from numba import cuda
     import kernels_numba.attention.decode_gqa as decode_gqa_module
-    from kernels_numba.attention import (DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa,
-                                         paged_attention_flash_decode)
+    from kernels_numba.attention import paged_attention_decode_gqa
     default_per_load = decode_gqa_module.KV_BF16_PER_LOAD
     from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
     rng = np.random.default_rng(0)
@@ -56,9 +55,7 @@ def main():
         seqs = cuda.to_device(np.arange(batch, dtype=np.int32))
         positions = cuda.to_device(np.full(batch, context - 1, np.int32))
         out = cuda.device_array((batch, N_HEADS, HEAD_DIM), np.float32)
-        decode_gqa = batch * N_KV_HEADS >= DECODE_GQA_MIN_BLOCKS  # KernelPlan.attention's choice
-        launcher = paged_attention_decode_gqa if decode_gqa else paged_attention_flash_decode
-        name = "decode_gqa" if decode_gqa else "flash_decode"
+        launcher, name = paged_attention_decode_gqa, "decode_gqa"
 
         def run(k_pool, v_pool):
             out.copy_to_device(np.full(out.shape, np.nan, np.float32))
@@ -93,7 +90,7 @@ def main():
             timings[label] = (seconds, kv_bytes)
             del pools
         default_chunk = decode_gqa_module.GQA_DECODE_KEY_CHUNK
-        for chunk in [int(c) for c in args.key_chunks.split(",") if c] if decode_gqa else []:
+        for chunk in [int(c) for c in args.key_chunks.split(",") if c]:
             for per_load in (2, 4):
                 decode_gqa_module.GQA_DECODE_KEY_CHUNK, decode_gqa_module.KV_BF16_PER_LOAD = chunk, per_load
                 got = run(cuda.to_device(k_bf16), cuda.to_device(v_bf16))

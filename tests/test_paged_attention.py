@@ -11,7 +11,7 @@ from kernels_numba.attention import (
     GQA_SHARED_BYTES, QTILE, build_prefill_gqa_tiles, build_prefill_tiles, gqa_shape,
     paged_attention_decode, paged_attention_decode_ref, paged_attention_per_query, paged_attention_prefill,
     paged_attention_prefill_gqa, paged_attention_ref, write_kv_paged,
-    paged_attention_decode_gqa, paged_attention_flash_decode,
+    paged_attention_decode_gqa, paged_attention_flash_decode_warps,
     write_kv_paged_ref, prefill_tiles_host)
 from kernels_numba.kv_dtype import kv_decode_ref, kv_encode_ref
 from tests.helpers import poisoned
@@ -160,7 +160,7 @@ def _stretch(step: Step, scale, q_gain, score_offset):
 def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0, score_offset=0.0, kernel="tiled",
            table_width=0, kv_dtype=np.float32):
     """Build a step, write its K/V, run decode or prefill, compare to the reference; returns the scores.
-    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "decode_gqa" / "flash_decode" /
+    kernel "tiled": the scenario's own launcher (decode or prefill); "per_query" / "decode_gqa" / "flash_decode_warps" /
     "gqa": that kernel (gqa: paged_attention_prefill_gqa) on the step's varlen queries, whatever the scenario; a
     launcher with per_query's signature (a lesson's, tests/lessons/) likewise. table_width: pad the block tables
     with -1 to that many blocks (a graph's longest context).
@@ -190,10 +190,10 @@ def _check(rng, scenario, block_size, n_heads, n_kv_heads, head_dim, q_gain=1.0,
                                           tiles=tiles)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
                                    scale)
-    elif callable(kernel) or kernel in ("per_query", "decode_gqa", "flash_decode"):  # varlen queries: one thread
+    elif callable(kernel) or kernel in ("per_query", "decode_gqa", "flash_decode_warps"):  # varlen queries: a thread
         launch = kernel if callable(kernel) else {  # / block per (query, head or KV head)
             "per_query": paged_attention_per_query, "decode_gqa": paged_attention_decode_gqa,
-            "flash_decode": paged_attention_flash_decode}[kernel]
+            "flash_decode_warps": paged_attention_flash_decode_warps}[kernel]
         got = launch(d_q, d_k_pool, d_v_pool, d_tables, cuda.to_device(step.query_seq),
                      cuda.to_device(step.query_pos), scale, out=out)
         want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos,
@@ -239,7 +239,7 @@ def test_per_query_kernel_serves_prefill_too(rng, scenario, layout):
     _check(rng, scenario, *layout, kernel="per_query")
 
 
-STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "decode_gqa", "flash_decode")
+STABILITY_CASES = [(scenario, kernel) for kernel in ("tiled", "decode_gqa", "flash_decode_warps")
                    for scenario in ("decode", "chunked")]
 STABILITY_CASES.append(("chunked", "gqa"))
 
@@ -268,7 +268,7 @@ BF16_POOL_CASES = [
     ("decode", "tiled", LAYOUTS[2]),  # paged_attention_decode: per_query
     ("chunked", "per_query", LAYOUTS[3]),
     ("decode", "decode_gqa", LAYOUTS[1]), ("shared_prefix", "decode_gqa", LAYOUTS[2]),
-    ("decode", "flash_decode", LAYOUTS[2]), ("chunked", "flash_decode", LAYOUTS[1]),
+    ("decode", "flash_decode_warps", LAYOUTS[2]), ("chunked", "flash_decode_warps", LAYOUTS[1]),
     ("chunked", "gqa", LAYOUTS[2]),
     ("shared_prefix", "tiled", LAYOUTS[1])]  # paged_attention_prefill (readable)
 
@@ -278,14 +278,13 @@ def test_bf16_pool_matches_ref_on_the_rounded_kv(rng, scenario, kernel, layout):
     _check(rng, scenario, *layout, kernel=kernel, kv_dtype=np.uint16)
 
 
-@pytest.mark.parametrize("per_load, kernel, layout", [(1, "decode_gqa", 2), (4, "flash_decode", 2),
-                                                      (4, "decode_gqa", 3), (2, "decode_gqa", 0)])
-def test_bf16_pool_any_elements_per_load(rng, monkeypatch, per_load, kernel, layout):
-    # decode_gqa / flash_decode read a bf16 pool in words of KV_BF16_PER_LOAD elements (uint16, uint32, uint64),
+@pytest.mark.parametrize("per_load, layout", [(1, 2), (4, 2), (4, 3), (2, 0)])
+def test_bf16_pool_any_elements_per_load(rng, monkeypatch, per_load, layout):
+    # decode_gqa reads a bf16 pool in words of KV_BF16_PER_LOAD elements (uint16, uint32, uint64),
     # unpacked into the float32 tile: head_dim 12 in words of 1 and 4 (3 words a row), 16 in 4 (the default, 2,
     # runs above); the tile's loads then do not divide evenly over the simulator's 4 threads.
     monkeypatch.setattr(decode_gqa_module, "KV_BF16_PER_LOAD", per_load)
-    _check(rng, "decode", *LAYOUTS[layout], kernel=kernel, kv_dtype=np.uint16)
+    _check(rng, "decode", *LAYOUTS[layout], kernel="decode_gqa", kv_dtype=np.uint16)
 
 
 def test_bf16_pool_stable_when_every_naive_exp_overflows(rng):
@@ -293,7 +292,7 @@ def test_bf16_pool_stable_when_every_naive_exp_overflows(rng):
     assert min(np.abs(s).min() for s in scores) > LOG_F32_MAX + np.log(64), "some naive exp would be finite"
 
 
-# The decode kernels' cases (decode_gqa, flash_decode; split_keys in tests/lessons/test_split_keys.py): decode on
+# The decode kernels' cases (decode_gqa, flash_decode_warps; split_keys in tests/lessons/test_split_keys.py): decode on
 # every layout (lengths 1 and 6 leave threads without keys); chunked and shared_prefix give several queries per
 # sequence at different positions, in shuffled order.
 DECODE_CASES = [("decode", LAYOUTS[0]), ("decode", LAYOUTS[1]), ("decode", LAYOUTS[2]), ("decode", LAYOUTS[3]),
@@ -319,58 +318,13 @@ def test_decode_gqa_any_thread_count_and_chunk(rng, monkeypatch, threads, key_ch
     _check(rng, "decode", *LAYOUTS[layout], kernel="decode_gqa")
 
 
-# paged_attention_flash_decode: decode_gqa over key partitions, merged by the last block of each (query, KV head).
-# In the simulator 16-key partitions of two 8-key chunks on 4 threads: the decode contexts (1, 6, 16, 21 and 33
-# keys, one sequence each) are shorter than a partition, exactly one, and 2 and 3 partitions with a partial last
-# one; the block tables end in a -1 block, so the grid has a partition past every context.
+# paged_attention_flash_decode_warps (its own tests: tests/test_decode_warps.py) on these steps: in the simulator
+# 64-key partitions, so each context here is one partition, finished by its own block; with the block tables padded
+# to 64 blocks (1,024 keys, 16 partitions), as a CUDA graph's are, the blocks past a context leave at once.
 @pytest.mark.parametrize("scenario, layout", DECODE_CASES)
-def test_flash_decode_kernel_matches_ref(rng, scenario, layout):
-    _check(rng, scenario, *layout, kernel="flash_decode")
-
-
-@pytest.mark.parametrize("partition_keys, key_chunk, threads", [(4, 4, 1), (12, 8, 7), (5, 4, 37), (64, 8, 5)])
-def test_flash_decode_any_partition_chunk_and_thread_count(rng, monkeypatch, partition_keys, key_chunk, threads):
-    # 4-key partitions on one thread: up to 9 per (query, KV head), all merged by one of them; 12-key partitions of
-    # an 8-key chunk and a 4-key one, over 7 threads (items do not divide evenly); 5-key partitions straddle the
-    # 4-key blocks, 37 threads leave most idle; 64 keys: one partition holds every context (it merges itself).
-    monkeypatch.setattr(decode_gqa_module, "FLASH_DECODE_PARTITION_KEYS", partition_keys)
-    monkeypatch.setattr(decode_gqa_module, "FLASH_DECODE_KEY_CHUNK", key_chunk)
-    monkeypatch.setattr(decode_gqa_module, "FLASH_DECODE_THREADS", threads)
-    _check(rng, "decode", *LAYOUTS[2], kernel="flash_decode")
-
-
-def test_flash_decode_block_tables_padded_to_a_long_max_context(rng):
-    # As in a CUDA graph: block tables 64 blocks wide (256 keys, 16 partitions) for contexts of at most 33 keys;
-    # the blocks of the partitions past a context must leave out and the counters alone.
-    _check(rng, "decode", *LAYOUTS[0], kernel="flash_decode", table_width=64)
-    _check(rng, "chunked", *LAYOUTS[2], kernel="flash_decode", table_width=64)
-
-
-def test_flash_decode_replays_on_the_same_buffers(rng):
-    # A decode graph replays the launch with the same partials and counters: each (query, KV head)'s counter
-    # must be back at 0 after every launch, or the next launch would never merge (out stays poisoned).
-    block_size, n_heads, n_kv_heads, head_dim = LAYOUTS[2]
-    step = _step(rng, _scenario("decode", block_size), block_size, n_heads, n_kv_heads, head_dim, shuffle=False)
-    d_k_pool, d_v_pool, k_pool, v_pool = _write(step)
-    scale = 1.0 / np.sqrt(head_dim)
-    args = (cuda.to_device(step.q), d_k_pool, d_v_pool, cuda.to_device(step.block_tables),
-            cuda.to_device(step.query_seq), cuda.to_device(step.query_pos), scale)
-    want = paged_attention_ref(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos, scale)
-    tol = _tolerance(step.q, k_pool, v_pool, step.block_tables, step.query_seq, step.query_pos, scale)
-    arena = BufferArena()
-    results = []
-    for replay in range(3):
-        if replay:
-            arena.rewind()
-        out = poisoned(step.q.shape, np.float32)
-        with launching_into(0, arena):
-            paged_attention_flash_decode(*args, out=out)
-        results.append(out.copy_to_host())
-        counters = [b for b in arena.buffers if b.dtype == np.int32]
-        assert len(counters) == 1 and (counters[0].copy_to_host() == 0).all(), "a counter was not reset"
-    assert (np.abs(results[0].astype(np.float64) - want) <= tol).all()
-    for result in results[1:]:
-        np.testing.assert_array_equal(result, results[0])  # bit-identical: the merge order is fixed
+def test_flash_decode_warps_kernel_matches_ref(rng, scenario, layout):
+    _check(rng, scenario, *layout, kernel="flash_decode_warps")
+    _check(rng, scenario, *layout, kernel="flash_decode_warps", table_width=64)
 
 
 def test_device_zeros_is_zeroed_once_then_replayed_as_left():
@@ -438,7 +392,7 @@ def test_rejects_head_dim_beyond_local_accumulator():
     with pytest.raises(AssertionError):
         paged_attention_decode_gqa(q, pool, pool, table, ones, ones, 1.0)
     with pytest.raises(AssertionError):
-        paged_attention_flash_decode(q, pool, pool, table, ones, ones, 1.0)
+        paged_attention_flash_decode_warps(q, pool, pool, table, ones, ones, 1.0)
 
 
 # paged_attention_prefill_gqa. In the simulator its blocks are GQA_ROWS = 8 (query, head) rows (8 // group

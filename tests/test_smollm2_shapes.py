@@ -45,7 +45,7 @@ def test_norms_and_rope(rng):
 
 
 @pytest.mark.parametrize("scenario, kernel", [("decode", "per_query"), ("decode", "tiled"),
-                                              ("decode", "decode_gqa"), ("decode", "flash_decode"),
+                                              ("decode", "decode_gqa"),
                                               ("decode", paged_attention_flash_decode_warps),
                                               ("chunked", "tiled"), ("chunked", "gqa")])
 def test_attention(rng, scenario, kernel):

@@ -20,8 +20,7 @@ The files:
 - paged_kv: the pool layout, write_kv_paged (every step's K/V write outside the fused kernels), the launchers'
   shared checks, and paged_attention_ref, the numpy twin of every launcher.
 - per_query: a thread per (query, head), the readable kernel; the simulator's for every fp32 step.
-- decode_gqa: a block per (query, KV head), each K/V chunk read once for the group's query heads;
-  flash_decode adds a block per key partition, merged in the same launch (no step runs it: flash_decode_warps does).
+- decode_gqa: a block per (query, KV head), each K/V chunk read once for the group's query heads.
 - decode_warps: decode_gqa's blocks, each warp its own online softmax over its own 32-key chunks, merged once
   per block; flash_decode_warps adds a block per key partition.
 - partitions: flash-decoding's merge of key partitions' softmax states, by the last of their blocks to finish.
@@ -40,7 +39,7 @@ KV pool dtype (tinyvllm.runner.kv_pool.KVPool, --kv-cache-dtype): float32 (the r
 uint16 (half the bytes). Writers store kernels_numba.kv_dtype.kv_from_f32(x, pool) (rounded to nearest even for
 bf16): write_kv_paged, rope.rope_qkv with the pools (prefill steps, and every step in the simulator) and the fused
 GEMV's RopeKVEpilogue (GPU decode steps). Every launcher above reads either pool (kv_to_f32 on each element, float32
-math after it; numba compiles one kernel per pool dtype); decode_gqa and flash_decode load a bf16 pool
+math after it; numba compiles one kernel per pool dtype); decode_gqa loads a bf16 pool
 KV_BF16_PER_LOAD elements at a time (uint64 words by default) and unpack them into their float32 tiles; decode_warps
 loads uint64 words too and keeps K packed in shared memory (each lane unpacks its own key's row); prefill_tc copies
 a bf16 pool's rows into its bf16 tiles by 16-byte cp.async (the next key tile's while it computes on this one)
@@ -54,7 +53,7 @@ override them there (kernels_numba.attention.decode_gqa.GQA_DECODE_KEY_CHUNK), n
 """
 from .paged_kv import MAX_HEAD_DIM, write_kv_paged, write_kv_paged_ref, paged_attention_ref
 from .per_query import attend_to_key, paged_attention_per_query, paged_attention_decode, paged_attention_decode_ref
-from .decode_gqa import DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa, paged_attention_flash_decode
+from .decode_gqa import DECODE_GQA_MIN_BLOCKS, paged_attention_decode_gqa
 from .decode_warps import DECODE_WARPS_MIN_BLOCKS, paged_attention_decode_warps, paged_attention_flash_decode_warps
 from .prefill import (QTILE, PrefillTiles, build_prefill_tiles, max_prefill_tiles, paged_attention_prefill,
                       prefill_tiles_host)

@@ -1,42 +1,30 @@
-"""Paged decode attention, one block per (query, KV head) for its whole group of query heads: the GPU's
-decode kernels below decode_warps' batches (decode_gqa for mid-size batches; flash_decode, the same kernel over
-key partitions, for small ones). The math and the pool layout: paged_kv.
+"""Paged decode attention, one block per (query, KV head) for its whole group of query heads: the GPU's decode
+kernel for mid-size batches (between flash_decode_warps' and decode_warps'). The math and the pool layout: paged_kv.
 
-- `paged_attention_decode_gqa`: the same contract again, one block per (query, KV head) for the whole
-  group of query heads (4 on Llama-3.2-1B), GQA_DECODE_KEY_CHUNK keys at a time: the block copies the
-  chunk's K and V rows into shared memory once (coalesced: consecutive threads read consecutive floats of a
-  row), then a thread per (pair of heads, key) scores it, every thread takes each head's chunk max itself
-  (broadcast reads) and raises its running max m, the scores become weights, and a thread per (pair of heads,
-  dim) adds weights @ V and the weights' sum l, both rescaled by exp(m_old - m_new). The next chunk's K/V
-  loads are issued into registers before this chunk's compute (register prefetch), so memory and math
-  overlap. A block per (query, head) would read each K/V row once per query head (4x the traffic:
-  lessons/split_keys.py); this reads it once. The decode kernel for mid-size GPU batches. A bf16 pool
-  (kv_dtype) is read in words of KV_BF16_PER_LOAD elements (the rows viewed as uint64 by default), each
-  unpacked into the float32 tile: half the bytes of a float32 pool, in fewer loads.
-- `paged_attention_flash_decode`: decode_gqa split over key partitions (flash-decoding), for small GPU
-  batches, whose T x n_kv_heads blocks would leave most SMs idle (8 at batch 1). Grid (T, n_kv_heads,
-  partitions), partitions of FLASH_DECODE_PARTITION_KEYS covering the longest context the block tables address
-  (a CUDA graph's are padded to the model's); a block whose partition starts past its query's context exits at
-  once. The others run decode_gqa's chunk loop over their partition's keys and write its unnormalised state
-  per query head: m, l and acc[head_dim]; the last block of a (query, KV head) to finish merges them, in the same
-  launch (partitions.py).
+`paged_attention_decode_gqa` takes GQA_DECODE_KEY_CHUNK keys at a time: the block copies the chunk's K and V rows
+into shared memory once (coalesced: consecutive threads read consecutive floats of a row), then a thread per (pair
+of heads, key) scores it, every thread takes each head's chunk max itself (broadcast reads) and raises its running
+max m, the scores become weights, and a thread per (pair of heads, dim) adds weights @ V and the weights' sum l,
+both rescaled by exp(m_old - m_new). The next chunk's K/V loads are issued into registers before this chunk's
+compute (register prefetch), so memory and math overlap. A block per (query, head) would read each K/V row once per
+query head (4x the traffic: lessons/split_keys.py); this reads it once for the group (4 heads on Llama-3.2-1B). A
+bf16 pool (kv_dtype) is read in words of KV_BF16_PER_LOAD elements (the rows viewed as uint64 by default), each
+unpacked into the float32 tile: half the bytes of a float32 pool, in fewer loads.
 """
 import functools
 import math
 
 import numpy as np
 
-from ..common import (SIMULATOR, SHARED_ALIGN, SHARED_ROW_PAD, cuda, jit, cdiv, launch_stream, device_empty,
-                      device_zeros)
+from ..common import SIMULATOR, SHARED_ALIGN, SHARED_ROW_PAD, cuda, jit, cdiv, launch_stream
 from ..bf16 import bf16_to_f32
 from ..kv_dtype import kv_to_f32
 from .paged_kv import _ix, _check_pool, _check_queries, _output, _pool_rows
-from .partitions import last_to_arrive, merged_output
 
 GQA_DECODE_THREADS = 4 if SIMULATOR else 128
-# The runner's switch from flash_decode (key partitions) to decode_gqa (T x n_kv_heads blocks): from 64 (query, KV
-# head) pairs, a decode batch of 8 on Llama-3.2-1B; below it a block per (query, KV head) leaves most SMs idle
-# and partitions of the keys win (measured: docs/bench-h200.md).
+# The runner's switch from key partitions (flash_decode_warps) to decode_gqa (T x n_kv_heads blocks): from 64
+# (query, KV head) pairs, a decode batch of 8 on Llama-3.2-1B; below it a block per (query, KV head) leaves most SMs
+# idle and partitions of the keys win (measured against decode_gqa split into partitions: docs/bench-h200.md).
 DECODE_GQA_MIN_BLOCKS = 64
 # Keys whose K and V rows sit in shared memory (and, prefetched, in registers) at once. With many blocks, 16 keys x
 # 128 threads read the KV fastest: longer chunks take more registers, so fewer blocks fit an SM; but while the grid
@@ -45,14 +33,6 @@ DECODE_GQA_MIN_BLOCKS = 64
 GQA_DECODE_KEY_CHUNK = 8 if SIMULATOR else 16
 GQA_DECODE_KEY_CHUNK_FEW_BLOCKS = 8 if SIMULATOR else 64
 GQA_FEW_BLOCKS = 2 * 132
-# flash_decode (decode_gqa split over key partitions), for decode batches under DECODE_GQA_MIN_BLOCKS
-# (query, KV head) pairs. 64-key partitions: a 400-key context gets 7 per (query, KV head), 56 blocks at batch 1
-# instead of decode_gqa's 8; one 64-key chunk each, so a block issues all its K/V loads at once (decode_gqa's
-# fastest chunk while its grid is small, above). 256 threads beat 128 at batch 1 (measured: docs/bench-h200.md).
-# The simulator: 16-key partitions of two 8-key chunks, so its 33-key tests cross 3 partitions and chunks.
-FLASH_DECODE_THREADS = 4 if SIMULATOR else 256
-FLASH_DECODE_PARTITION_KEYS = 16 if SIMULATOR else 64
-FLASH_DECODE_KEY_CHUNK = 8 if SIMULATOR else 64
 # A bf16 pool's K/V elements per load: 1 (uint16 loads), 2 (uint32: a warp reads 128 bytes per load instruction, as
 # it does from a float32 pool) or 4 (uint64); the rows are viewed as words of that size and each word is unpacked
 # into the shared tile. scripts/time_kv_dtype_decode.py times each: with 16-key chunks 4 beats 2 at large batches,
@@ -90,14 +70,11 @@ def _load_rows(k_pool, v_pool, per_load: int):
 
 @functools.cache
 def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int, threads: int, key_chunk: int,
-                                      partition_keys: int = 0, pool_dtype=np.float32, per_load: int = 1):
+                                      pool_dtype=np.float32, per_load: int = 1):
     """The GQA decode kernel for one shape: a block per (query, KV head) serves the group's query heads
     from one shared copy of each K/V chunk (compile-time constants size the shared arrays and unroll loops).
-    partition_keys > 0 makes it flash_decode's kernel (see paged_attention_flash_decode): block z takes keys
-    [z * partition_keys, (z + 1) * partition_keys) of its query's context only, and the (query, KV head)'s
-    last block to finish merges the partitions' states into `out`; otherwise the part_* and `arrivals`
-    arguments are unused. pool_dtype float32, or uint16 (bf16) loaded per_load elements at a time (k_rows and
-    v_rows then in words of per_load bf16: _load_rows).
+    pool_dtype float32, or uint16 (bf16) loaded per_load elements at a time (k_rows and v_rows then in words of
+    per_load bf16: _load_rows).
 
     Per chunk, four barriers: (1) the chunk's K/V rows, already in registers, into shared memory, then the
     next chunk's loads issued (they land during 2-4); (2) a thread per (head set, key) scores heads_per_item
@@ -119,7 +96,6 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
     k_row_stride = head_dim + SHARED_ROW_PAD               # keeps rows 16-byte aligned; thread j reading K row j
     #                                                        four floats at a time hits banks 4j..4j+3 (mod 32)
     assert head_dim % 4 == 0 and key_chunk % 4 == 0
-    partitioned = partition_keys > 0
 
     @jit(device=True)
     def load_chunk(k_rows, v_rows, block_tables, b, column, chunk_start, last, tid, k_loaded, v_loaded):
@@ -135,8 +111,7 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
             v_loaded[i] = v_rows[row, _ix(column) + e % _ix(row_words)]
 
     @jit
-    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out, part_max, part_sum, part_acc,
-               arrivals):
+    def kernel(q, k_rows, v_rows, block_tables, query_seq, query_pos, scale, out):
         t = cuda.blockIdx.x
         kv_head = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -144,20 +119,12 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
         column = kv_head * row_words  # this KV head's first word of a pool row
         b = query_seq[t]
         context_len = query_pos[t] + 1  # causal: keys 0..position
-        keys_begin = 0
-        keys_end = context_len
-        if partitioned:
-            keys_begin = cuda.blockIdx.z * partition_keys
-            if keys_begin >= context_len:
-                return  # the grid covers the longest context the block tables address; this one is shorter
-            keys_end = min(context_len, keys_begin + partition_keys)
         # one shared array per line: the simulator aliases two declared on the same line
         q_scaled = cuda.shared.array((group, head_dim), np.float32, alignment=SHARED_ALIGN)
         k_tile = cuda.shared.array((key_chunk, k_row_stride), np.float32, alignment=SHARED_ALIGN)
         v_tile = cuda.shared.array((key_chunk, head_dim), np.float32, alignment=SHARED_ALIGN)
         scores = cuda.shared.array((group, key_chunk), np.float32, alignment=SHARED_ALIGN)
         weights = cuda.shared.array((group, key_chunk), np.float32, alignment=SHARED_ALIGN)
-        merging = cuda.shared.array(1, np.int32)  # flash_decode: whether this block merges the partitions
         running_max = cuda.local.array(group, np.float32)   # m per head, the same in every thread
         rescale = cuda.local.array(group, np.float32)       # exp(m_old - m_new) of this chunk
         chunk_max = cuda.local.array(group, np.float32)
@@ -174,13 +141,13 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
             for i in range(heads_per_item):
                 acc[s, i] = np.float32(0.0)
                 sums[s, i] = np.float32(0.0)
-        chunks = (keys_end - keys_begin + key_chunk - 1) // key_chunk
-        last = keys_end - 1
+        chunks = (context_len + key_chunk - 1) // key_chunk
+        last = context_len - 1
         # Register prefetch: chunk c + 1's K/V loads are issued before chunk c's compute and land while it runs.
-        load_chunk(k_rows, v_rows, block_tables, b, column, keys_begin, last, tid, k_loaded, v_loaded)
+        load_chunk(k_rows, v_rows, block_tables, b, column, 0, last, tid, k_loaded, v_loaded)
         for chunk in range(chunks):
-            chunk_start = keys_begin + chunk * key_chunk
-            n_keys = min(key_chunk, keys_end - chunk_start)
+            chunk_start = chunk * key_chunk
+            n_keys = min(key_chunk, context_len - chunk_start)
             # 1. this chunk's K and V rows (in registers) into shared memory as float32, once for the whole group
             for i in range(load_steps):
                 e = _ix(tid) + _ix(i * threads)
@@ -248,34 +215,6 @@ def paged_attention_decode_gqa_kernel(head_dim: int, block_size: int, group: int
                                 sums[s, i] += weight
             cuda.syncthreads()  # nobody overwrites the tiles, scores or weights while another thread reads them
 
-        if partitioned:
-            # This partition's unnormalised state: m and l per head, acc per (head, dim)...
-            partition = cuda.blockIdx.z
-            for s in range(out_steps):
-                item = tid + s * threads
-                head_set = item // head_dim
-                d = item % head_dim
-                if head_set < head_sets:
-                    for g in range(group):  # compile-time g: running_max stays in registers
-                        if g // heads_per_item == head_set:
-                            part_acc[t, first_head + g, partition, d] = acc[s, g % heads_per_item]
-                            if d == 0:
-                                part_max[t, first_head + g, partition] = running_max[g]
-                                part_sum[t, first_head + g, partition] = sums[s, g % heads_per_item]
-            # ... then the block checks in; the last of the (query, KV head)'s partitions with keys to arrive
-            # merges them all (partitions.py).
-            partitions = (context_len + partition_keys - 1) // partition_keys
-            if not last_to_arrive(arrivals, t, kv_head, partitions, merging):
-                return  # another block of this (query, KV head) arrives later and merges
-            for s in range(out_steps):
-                item = tid + s * threads
-                head_set = item // head_dim
-                if head_set < head_sets:
-                    for i in range(heads_per_item):
-                        h = first_head + head_set * heads_per_item + i
-                        out[t, h, item % head_dim] = merged_output(part_max, part_sum, part_acc, t, h,
-                                                                   item % head_dim, partitions)
-            return
         # out = acc / l for the thread's (head, dim) items
         for s in range(out_steps):
             item = tid + s * threads
@@ -301,38 +240,7 @@ def paged_attention_decode_gqa(q, k_pool, v_pool, block_tables, query_seq, query
         key_chunk = GQA_DECODE_KEY_CHUNK_FEW_BLOCKS if few_blocks else GQA_DECODE_KEY_CHUNK
         per_load = kv_per_load(k_pool.dtype, head_dim)
         kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
-                                                   GQA_DECODE_THREADS, key_chunk, 0, k_pool.dtype.type, per_load)
-        unused_acc = out.reshape((num_queries, n_heads, 1, head_dim))  # any arrays of the right ranks and types
+                                                   GQA_DECODE_THREADS, key_chunk, k_pool.dtype.type, per_load)
         kernel[(num_queries, n_kv_heads), GQA_DECODE_THREADS, launch_stream()](
-            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos,
-            np.float32(scale), out, out, out, unused_acc, block_tables)
-    return out
-
-
-def paged_attention_flash_decode(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
-    """Same contract as paged_attention_per_query: decode_gqa (a block per (query, KV head) serving its group
-    of query heads) split over key partitions of FLASH_DECODE_PARTITION_KEYS (flash-decoding), a block each,
-    grid (T, n_kv_heads, partitions of the longest context the block tables address). Each block writes its
-    partition's unnormalised (m, l, acc); the last of a (query, KV head)'s blocks to finish merges them, in
-    partition order, into out. One launch. The decode kernel for small GPU batches, whose T x n_kv_heads
-    blocks alone would leave most of the GPU idle."""
-    num_queries, n_heads, _ = q.shape
-    _check_pool(q, k_pool, v_pool, block_tables)
-    _check_queries(num_queries, query_seq, query_pos)
-    out = _output(q, out)
-    if num_queries > 0:
-        _, block_size, n_kv_heads, head_dim = k_pool.shape
-        max_context = block_tables.shape[1] * block_size  # what the block tables can address: static per graph
-        partitions = cdiv(max_context, FLASH_DECODE_PARTITION_KEYS)
-        part_max = device_empty((num_queries, n_heads, partitions), np.float32)
-        part_sum = device_empty((num_queries, n_heads, partitions), np.float32)
-        part_acc = device_empty((num_queries, n_heads, partitions, head_dim), np.float32)
-        arrivals = device_zeros((num_queries, n_kv_heads), np.int32)  # blocks done per (query, KV head)
-        per_load = kv_per_load(k_pool.dtype, head_dim)
-        kernel = paged_attention_decode_gqa_kernel(head_dim, block_size, n_heads // n_kv_heads,
-                                                   FLASH_DECODE_THREADS, FLASH_DECODE_KEY_CHUNK,
-                                                   FLASH_DECODE_PARTITION_KEYS, k_pool.dtype.type, per_load)
-        kernel[(num_queries, n_kv_heads, partitions), FLASH_DECODE_THREADS, launch_stream()](
-            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos,
-            np.float32(scale), out, part_max, part_sum, part_acc, arrivals)
+            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos, np.float32(scale), out)
     return out
