@@ -294,20 +294,7 @@ def paged_attention_decode_warps_kernel(head_dim: int, block_size: int, group: i
 def paged_attention_decode_warps(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
     """Same contract as paged_attention_decode_gqa: a block of WARPS warps per (query, KV head) serving all its
     query heads, each warp an online softmax over its own 32-key chunks, merged at the end."""
-    num_queries, n_heads, _ = q.shape
-    _check_pool(q, k_pool, v_pool, block_tables)
-    _check_queries(num_queries, query_seq, query_pos)
-    out = _output(q, out)
-    if num_queries > 0:
-        _, block_size, n_kv_heads, head_dim = k_pool.shape
-        per_load = kv_per_load(k_pool.dtype, head_dim)
-        kernel = paged_attention_decode_warps_kernel(head_dim, block_size, n_heads // n_kv_heads, WARPS,
-                                                     k_pool.dtype.type, per_load, MAX_REGISTERS)
-        unused_acc = out.reshape((num_queries, n_heads, 1, head_dim))  # any arrays of the right ranks and types
-        kernel[(num_queries, n_kv_heads), WARPS * LANES, launch_stream()](
-            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos, np.float32(scale), out,
-            out, out, unused_acc, block_tables)
-    return out
+    return _launch(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out, partition_keys=0)
 
 
 def paged_attention_flash_decode_warps(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out=None):
@@ -316,22 +303,36 @@ def paged_attention_flash_decode_warps(q, k_pool, v_pool, block_tables, query_se
     query's context leave at once; a context of one partition is finished by its block alone, longer ones merged
     by the last of their blocks, in the same launch (partitions.py). The decode kernel for small GPU batches, whose
     T x n_kv_heads blocks alone would leave most of the GPU idle."""
+    return _launch(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out,
+                   partition_keys=FLASH_PARTITION_KEYS)
+
+
+def _launch(q, k_pool, v_pool, block_tables, query_seq, query_pos, scale, out, partition_keys: int):
+    """Both launchers: grid (T, n_kv_heads), or with partition_keys (T, n_kv_heads, partitions), the partitions'
+    states and counters beside it (the counters zeroed once: device_zeros)."""
     num_queries, n_heads, _ = q.shape
     _check_pool(q, k_pool, v_pool, block_tables)
     _check_queries(num_queries, query_seq, query_pos)
     out = _output(q, out)
-    if num_queries > 0:
-        _, block_size, n_kv_heads, head_dim = k_pool.shape
-        partitions = cdiv(block_tables.shape[1] * block_size, FLASH_PARTITION_KEYS)  # static per CUDA graph
+    if num_queries == 0:
+        return out
+    _, block_size, n_kv_heads, head_dim = k_pool.shape
+    if partition_keys:
+        partitions = cdiv(block_tables.shape[1] * block_size, partition_keys)  # static per CUDA graph
+        grid = (num_queries, n_kv_heads, partitions)
         state_max = device_empty((num_queries, n_heads, partitions), np.float32)
         state_sum = device_empty((num_queries, n_heads, partitions), np.float32)
         state_acc = device_empty((num_queries, n_heads, partitions, head_dim), np.float32)
         arrivals = device_zeros((num_queries, n_kv_heads), np.int32)  # blocks done per (query, KV head)
-        per_load = kv_per_load(k_pool.dtype, head_dim)
-        kernel = paged_attention_decode_warps_kernel(head_dim, block_size, n_heads // n_kv_heads, WARPS,
-                                                     k_pool.dtype.type, per_load, MAX_REGISTERS,
-                                                     FLASH_PARTITION_KEYS)
-        kernel[(num_queries, n_kv_heads, partitions), WARPS * LANES, launch_stream()](
-            q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos, np.float32(scale), out,
-            state_max, state_sum, state_acc, arrivals)
+    else:  # unused: any arrays of the right ranks and types
+        grid = (num_queries, n_kv_heads)
+        state_max = state_sum = out
+        state_acc = out.reshape((num_queries, n_heads, 1, head_dim))
+        arrivals = block_tables
+    per_load = kv_per_load(k_pool.dtype, head_dim)
+    kernel = paged_attention_decode_warps_kernel(head_dim, block_size, n_heads // n_kv_heads, WARPS,
+                                                 k_pool.dtype.type, per_load, MAX_REGISTERS, partition_keys)
+    kernel[grid, WARPS * LANES, launch_stream()](
+        q, *_load_rows(k_pool, v_pool, per_load), block_tables, query_seq, query_pos, np.float32(scale), out,
+        state_max, state_sum, state_acc, arrivals)
     return out
