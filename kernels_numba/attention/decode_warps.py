@@ -1,4 +1,5 @@
-"""Paged decode attention with warps that never wait for each other: the GPU's decode kernel for large batches.
+"""Paged decode attention with warps that never wait for each other: the GPU's decode kernel for large batches
+(`paged_attention_decode_warps`) and, split over key partitions, for small ones (`paged_attention_flash_decode_warps`).
 
     out[t, h] = sum_j exp(s_j - M) V[j] / sum_j exp(s_j - M),  s_j = scale * q[t, h] . K[j],  j = 0..query_pos[t]
 
@@ -32,6 +33,12 @@ in its way:
 - After the loop every (warp, key set) writes its state (m per head, l and acc per dim) to shared memory, one
   block barrier, and a thread per (head, dim) merges them:
       out = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p,   M = max_p m_p  (finite: warp 0 holds key 0).
+
+flash_decode_warps: at batch 1 a block per (query, KV head) is 8 blocks on a 132-SM GPU, so the keys are cut into
+FLASH_PARTITION_KEYS partitions too, a block each (grid (T, n_kv_heads, partitions)). Each block runs the loop above
+over its partition's keys only; where the context is one partition, its block writes out as above, else its merged
+(m, l, acc) goes to global memory and the last block of the (query, KV head) to finish merges the partitions
+(partitions.py).
 
 Costs per 32-key chunk and lane (bf16 pool, head_dim 64, group 4): 16 + 16 global uint64 loads, 16 shared uint64
 stores, 3 warp barriers (decode_gqa: 4 block barriers per 16 keys); shared reads: the K row (16 words), q (64
