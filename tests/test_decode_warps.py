@@ -149,7 +149,7 @@ def test_decode_warps_no_queries():
 
 # flash_decode_warps: the contexts above (1 to 130 keys) in 64-key partitions: one partition (finished by its own
 # block), two, three with a partial last one; 2-round partitions (128 keys) and partitions of one chunk (32 keys:
-# warp 1 never has a key) by the partition size; tables padded to 24 partitions, whose blocks past a context leave.
+# warp 1 never has a key) by the partition size; tables padded to 25 partitions, whose blocks past a context leave.
 @pytest.mark.parametrize("n_heads, n_kv_heads, head_dim, kv_dtype, block_size", LAYOUTS[:3] + LAYOUTS[4:5])
 def test_flash_decode_warps_matches_ref(rng, n_heads, n_kv_heads, head_dim, kv_dtype, block_size):
     _check(*_launch(rng, n_heads, n_kv_heads, head_dim, kv_dtype, block_size,
