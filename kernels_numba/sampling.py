@@ -70,7 +70,7 @@ def beats(value, index, best_value, best_index):
 @device_function_with_cuda
 def _block_best(best_value, best_index, best_values, best_indices):
     """The block's best (value, index) of every thread's pair, by a shared-memory tree (power-of-two block);
-    thread 0 gets it."""
+    every thread gets it. The arrays are free again once every thread has returned (a barrier before reuse)."""
     tid = cuda.threadIdx.x
     best_values[tid] = best_value
     best_indices[tid] = best_index
@@ -232,15 +232,15 @@ def sample_kernel(logits, temperatures, top_ks, top_ps, seeds, steps, out):
         if beats(v, col, best_value, best_index):
             best_value = v
             best_index = col
-    _block_best(best_value, best_index, best_values, best_indices)
+    row_max, row_argmax = _block_best(best_value, best_index, best_values, best_indices)
 
     temperature = temperatures[row]
     scaled_max = np.float32(math.inf)
     if temperature != 0:
-        scaled_max = best_values[0] / temperature
+        scaled_max = row_max / temperature
     if math.isinf(scaled_max) or math.isnan(scaled_max):  # greedy (block-uniform: every thread returns)
         if tid == 0:
-            out[row] = best_indices[0]
+            out[row] = row_argmax
         return
     cuda.syncthreads()  # every thread has read best_*[0] before step 4 reuses the arrays
     buf = 0
@@ -317,20 +317,9 @@ def sample_kernel(logits, temperatures, top_ks, top_ps, seeds, steps, out):
             if beats(score, col, best_value, best_index):
                 best_value = score
                 best_index = col
-    best_values[tid] = best_value
-    best_indices[tid] = best_index
-    cuda.syncthreads()
-    stride = n_threads // 2
-    while stride > 0:
-        if tid < stride:
-            other = tid + stride
-            if beats(best_values[other], best_indices[other], best_values[tid], best_indices[tid]):
-                best_values[tid] = best_values[other]
-                best_indices[tid] = best_indices[other]
-        cuda.syncthreads()
-        stride //= 2
+    _, index = _block_best(best_value, best_index, best_values, best_indices)
     if tid == 0:
-        out[row] = best_indices[0]
+        out[row] = index
 
 
 SAMPLE_INPUTS = (("temperatures", (np.float32,)), ("top_ks", (np.int32,)), ("top_ps", (np.float32,)),
