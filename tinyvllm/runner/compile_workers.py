@@ -10,8 +10,9 @@ before the graphs are captured, instead of one at a time as each bucket's record
    overlaps their start (the interpreter, numba, a CUDA context).
 2. The misses go to a file, pickled (a numba dispatcher pickles as its Python function, closure included, and
    its options; numba types pickle too). N workers (`python -m tinyvllm.runner.compile_workers FOLDER I SPAWNED`,
-   N at most the CPU cores and what the GPU's free memory holds of CUDA contexts) read it and claim misses one at a time from a shared counter (a locked file) until none is left, so a worker
-   done early takes more. A worker needs no model and no runner; its payloads come back in a file.
+   N at most the CPU cores, MAX_WORKERS and what the GPU's free memory holds of CUDA contexts) read it and claim
+   misses one at a time from a shared counter (a locked file) until none is left, so a worker done early takes more.
+   A worker needs no model and no runner; its payloads come back in a file.
 3. Install each payload whose identity matches (loaded here, saved to the disk cache for the next start).
 A miss that does not pickle, and whatever a failed or late worker did not deliver, compiles at its first launch as
 before: a worker costs nothing but time. GPU only; the simulator compiles nothing.
