@@ -30,6 +30,24 @@ N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
 TOLERANCE = 1e-5
 
 
+def decode_case(rng, batch: int, context: int, table_keys: int = 0):
+    """One BATCHxCONTEXT decode case on Llama-3.2-1B's attention shape, on the host: (q, k_pool, v_pool,
+    block_tables, query_seq, query_pos); K/V random normal rounded to bf16, the sequences' blocks shuffled, every
+    query at the end of its context. A table_keys wider than the context pads the tables to that many keys with a
+    spare block, as a CUDA graph's tables are padded to the model's length."""
+    from kernels_numba.kv_dtype import kv_encode_ref
+    used = -(-context // BLOCK_SIZE)
+    table_blocks = max(used, -(-table_keys // BLOCK_SIZE))
+    num_blocks = batch * used + (table_blocks > used)
+    pool_shape = (num_blocks, BLOCK_SIZE, N_KV_HEADS, HEAD_DIM)
+    k_pool = kv_encode_ref(rng.standard_normal(pool_shape, np.float32), np.uint16)
+    v_pool = kv_encode_ref(rng.standard_normal(pool_shape, np.float32), np.uint16)
+    tables = np.full((batch, table_blocks), num_blocks - 1, np.int32)
+    tables[:, :used] = rng.permutation(batch * used).astype(np.int32).reshape(batch, used)
+    q = rng.standard_normal((batch, N_HEADS, HEAD_DIM), np.float32)
+    return (q, k_pool, v_pool, tables, np.arange(batch, dtype=np.int32), np.full(batch, context - 1, np.int32))
+
+
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
@@ -45,7 +63,6 @@ def main():
     from numba import cuda
     import kernels_numba.attention.decode_warps as decode_warps_module
     from kernels_numba.attention import paged_attention_decode_gqa, paged_attention_decode_warps, paged_attention_ref
-    from kernels_numba.kv_dtype import kv_encode_ref
     variants = [(w, r) for w in _ints(args.warps) for r in _ints(args.max_registers)]
     default_warps, default_registers = decode_warps_module.WARPS, decode_warps_module.MAX_REGISTERS
     rng = np.random.default_rng(0)
@@ -53,15 +70,7 @@ def main():
     diffs, speedups = [0.0], []
     for case in args.cases.split(","):
         batch, context = (int(v) for v in case.split("x"))
-        blocks_per_seq = -(-context // BLOCK_SIZE)
-        num_blocks = batch * blocks_per_seq
-        pool_shape = (num_blocks, BLOCK_SIZE, N_KV_HEADS, HEAD_DIM)
-        k_host = kv_encode_ref(rng.standard_normal(pool_shape, np.float32), np.uint16)
-        v_host = kv_encode_ref(rng.standard_normal(pool_shape, np.float32), np.uint16)
-        tables_host = rng.permutation(num_blocks).astype(np.int32).reshape(batch, blocks_per_seq)
-        q_host = rng.standard_normal((batch, N_HEADS, HEAD_DIM), np.float32)
-        seqs_host = np.arange(batch, dtype=np.int32)
-        positions_host = np.full(batch, context - 1, np.int32)
+        q_host, k_host, v_host, tables_host, seqs_host, positions_host = decode_case(rng, batch, context)
         tables, q = cuda.to_device(tables_host), cuda.to_device(q_host)
         seqs, positions = cuda.to_device(seqs_host), cuda.to_device(positions_host)
         out = cuda.device_array((batch, N_HEADS, HEAD_DIM), np.float32)

@@ -24,9 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 64, 16
-TOLERANCE = 1e-5
+from time_decode_warps import BLOCK_SIZE, HEAD_DIM, N_HEADS, N_KV_HEADS, TOLERANCE, decode_case  # noqa: E402
 
 
 def main() -> int:
@@ -37,11 +35,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--no-timing", action="store_true", help="the correctness part only (runs in the simulator)")
     args = parser.parse_args()
-    from kernels_numba.common import cdiv, cuda
+    from kernels_numba.common import cuda
     import kernels_numba.attention.decode_warps as decode_warps_module
     from kernels_numba.attention import paged_attention_decode_gqa, paged_attention_ref
     from kernels_numba.attention.decode_warps import paged_attention_flash_decode_warps
-    from kernels_numba.kv_dtype import kv_encode_ref
     partition_keys = [int(v) for v in args.partition_keys.split(",")]
     default_keys = decode_warps_module.FLASH_PARTITION_KEYS
     rng = np.random.default_rng(0)
@@ -49,17 +46,8 @@ def main() -> int:
     worst = 0.0
     for case in args.cases.split(","):
         batch, context = (int(v) for v in case.split("x"))
-        table_blocks = cdiv(max(args.table_keys, context), BLOCK_SIZE)
-        used = cdiv(context, BLOCK_SIZE)
-        num_blocks = batch * used + 1
-        pool_shape = (num_blocks, BLOCK_SIZE, N_KV_HEADS, HEAD_DIM)
-        k_host = kv_encode_ref(rng.standard_normal(pool_shape, np.float32), np.uint16)
-        v_host = kv_encode_ref(rng.standard_normal(pool_shape, np.float32), np.uint16)
-        tables_host = np.full((batch, table_blocks), num_blocks - 1, np.int32)
-        tables_host[:, :used] = rng.permutation(batch * used).astype(np.int32).reshape(batch, used)
-        q_host = rng.standard_normal((batch, N_HEADS, HEAD_DIM), np.float32)
-        seqs_host = np.arange(batch, dtype=np.int32)
-        positions_host = np.full(batch, context - 1, np.int32)
+        q_host, k_host, v_host, tables_host, seqs_host, positions_host = decode_case(rng, batch, context,
+                                                                                    args.table_keys)
         tables, q = cuda.to_device(tables_host), cuda.to_device(q_host)
         seqs, positions = cuda.to_device(seqs_host), cuda.to_device(positions_host)
         out = cuda.device_array((batch, N_HEADS, HEAD_DIM), np.float32)
@@ -85,7 +73,7 @@ def main() -> int:
                 cell += f", {seconds * 1e6:6.1f} us ({kv_bytes / seconds / 1e9:5.0f} GB/s)"
             cells.append(cell)
         decode_warps_module.FLASH_PARTITION_KEYS = default_keys
-        print(f"batch {batch} x {context} keys (tables {table_blocks * BLOCK_SIZE} keys)\n    " + "\n    ".join(cells),
+        print(f"batch {batch} x {context} keys (tables {tables_host.shape[1] * BLOCK_SIZE} keys)\n    " + "\n    ".join(cells),
               flush=True)
     passed = worst <= TOLERANCE
     print(f"{'PASS' if passed else 'FAIL'}: every variant = the reference within {TOLERANCE:.0e} (worst {worst:.1e})")
