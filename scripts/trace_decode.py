@@ -1,11 +1,11 @@
-"""Every kernel of a decode step on the GPU's own clock: durations, the gaps between them, bandwidth per kernel.
+"""Every kernel of a decode step on the GPU's own clock: their durations and the gaps between them.
 
     python scripts/trace_decode.py [--model-dir /tmp/llama-1b-random] [--batches 1,256] [--steps 10]
 For each batch size (prompts of --prompt-len tokens, greedy, the fast precision, CUDA graphs, pipelined decode as
 `tinyvllm bench` runs it) the engine steps under torch's profiler (CUPTI records each kernel a graph replays, its
 start and end on the GPU); torch only observes. Per step: the span from one step's first kernel to the next
 step's, the kernels' busy time and the idle rest (launch gaps, bubbles between graphs); per kernel name: launches a
-step, mean and total time. GPU only; torch is the optional `gpu` extra's.
+step, mean and total time. GPU only; torch comes with the optional `goldens` extra.
 """
 import argparse
 import collections
@@ -18,10 +18,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+STEP_MARKER = "embedding.embedding_kernel"  # a decode step's first launch
+
+
 def kernel_events(trace_path: Path) -> list[tuple[float, float, str]]:
-    """(start us, end us, name) of every GPU kernel in a chrome trace, by start."""
+    """(start us, end us, short_name) of every GPU kernel in a chrome trace, by start."""
     events = json.loads(trace_path.read_text())["traceEvents"]
-    kernels = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+    kernels = [(e["ts"], e["ts"] + e["dur"], short_name(e["name"])) for e in events
                if e.get("cat") == "kernel" and "dur" in e]
     return sorted(kernels)
 
@@ -43,10 +46,12 @@ def short_name(name: str) -> str:
     return ".".join(parts[-2:])[:60] or name[:60]
 
 
-def report(kernels, steps: int, step_marker: str) -> None:
-    starts = [i for i, (_, _, n) in enumerate(kernels) if short_name(n) == step_marker]
+def report(kernels) -> None:
+    """Per step (from one STEP_MARKER launch to the next): span, busy and idle time; each launch's mean in step
+    order; per kernel name, launches and time a step."""
+    starts = [i for i, (_, _, n) in enumerate(kernels) if n == STEP_MARKER]
     if len(starts) < 2:
-        print(f"  found {len(starts)} step markers ({step_marker!r}); raw kernel count {len(kernels)}")
+        print(f"  found {len(starts)} step markers ({STEP_MARKER!r}); raw kernel count {len(kernels)}")
         starts = [0, len(kernels)]
     first, last = starts[0], starts[-1]
     window = kernels[first:last]
@@ -61,13 +66,13 @@ def report(kernels, steps: int, step_marker: str) -> None:
           f"{median_gap:.2f} us, gaps over 5 us: {sum(g > 5 for g in gaps) / n_steps:.1f} a step)")
     by_name = collections.defaultdict(list)
     for s, e, n in window:
-        by_name[short_name(n)].append(e - s)
+        by_name[n].append(e - s)
     sequences = [kernels[a:b] for a, b in zip(starts, starts[1:])]
     if len({len(seq) for seq in sequences}) == 1:  # the same launches every step: each one's mean, in order
         count = len(sequences[0])
         shown = list(range(min(count, 12))) + list(range(max(12, count - 4), count))
         print("  launches in step order (mean us): " + ", ".join(
-            f"{i}:{short_name(sequences[0][i][2]).split('.')[-1][:18]} "
+            f"{i}:{sequences[0][i][2].split('.')[-1][:18]} "
             f"{sum(seq[i][1] - seq[i][0] for seq in sequences) / len(sequences):.1f}" for i in shown))
     rows = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
     print(f"  {'kernel':<44} {'a step':>6} {'mean us':>8} {'us a step':>10} {'share':>6}")
@@ -116,9 +121,7 @@ def main() -> int:
         prof.export_chrome_trace(str(trace))
         kernels = kernel_events(trace)
         print(f"batch {batch} ({args.prompt_len}-token prompts), trace {trace}:")
-        names = collections.Counter(short_name(n) for _, _, n in kernels)
-        marker = next((n for n in names if "embed" in n), None)
-        report(kernels, args.steps, marker or "embedding.embedding_kernel")
+        report(kernels)
         for i in ids:
             engine.abort_request(i)
         engine.step()
